@@ -1,0 +1,296 @@
+//! Exact token-bucket math for `redis-ratelimit`, with no I/O and no clock of its own.
+//!
+//! The bucket is kept as GCRA's *theoretical arrival time* (TAT): the instant at which the
+//! bucket would be full again. A bucket with `burst` tokens refilled at `rate` tokens per
+//! second is the same thing as a TAT that may run at most `burst / rate` seconds ahead of now;
+//! taking `cost` tokens pushes the TAT `cost / rate` seconds further. One number is the whole
+//! state, and "full" needs no state at all, which is why a Redis key holding a bucket can
+//! simply expire at its TAT.
+//!
+//! All times are integer [ticks](TICKS_PER_SECOND) of 100 ns since the Unix epoch, and the time
+//! per token is a whole number of ticks, so every step is exact integer arithmetic: no rounding
+//! error accumulates and a burst from a full bucket admits exactly `burst` tokens. Every value
+//! stays below 2^53, so a Lua script (whose numbers are doubles) reproduces the same results
+//! bit for bit; see [`stored`] for the format shared with that script.
+//!
+//! The Redis module (`RL.CHECK`, `RL.CHECKALL`) and the client's local fallback both call
+//! [`check`] and [`check_all`]. Time is always passed in.
+//!
+//! ```
+//! use redis_ratelimit_core::{check, Limit, TICKS_PER_SECOND};
+//!
+//! // 100 per minute, burst 20.
+//! let limit = Limit::per_period(100, std::time::Duration::from_secs(60), 20).unwrap();
+//! let now = 1_700_000_000 * TICKS_PER_SECOND;
+//! let mut tat = 0; // no state: a full bucket
+//! for _ in 0..20 {
+//!     let d = check(&limit, 1, tat, now);
+//!     assert!(d.allowed);
+//!     tat = d.tat;
+//! }
+//! let d = check(&limit, 1, tat, now);
+//! assert!(!d.allowed);
+//! assert_eq!(d.retry_after_ms, Some(600)); // one token every 0.6 s
+//! ```
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::time::Duration;
+
+pub mod stored;
+
+/// Ticks per second: the core's unit of time is 100 ns.
+///
+/// Fine enough that the time per token is a whole number of ticks with negligible rounding for
+/// any rate up to [`Limit::MAX_RATE`], coarse enough that the sub-millisecond part of a TAT fits
+/// in 0..10 000 (see [`stored`]).
+pub const TICKS_PER_SECOND: u64 = 10_000_000;
+/// Ticks per millisecond.
+pub const TICKS_PER_MS: u64 = 10_000;
+
+/// Converts a time since the Unix epoch to ticks, rounding down (an earlier "now" is the
+/// conservative side: it can only make the bucket look emptier).
+pub fn ticks_since_epoch(since_epoch: Duration) -> u64 {
+    let ticks = since_epoch.as_nanos() / 100;
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
+/// A validated limit: `burst` tokens of capacity, refilled one token every
+/// [`interval`](Limit::interval_ticks) ticks.
+///
+/// GCRA calls the interval the *emission interval* `T` (the time one token takes to come back)
+/// and `burst × T` the *delay variation tolerance* `τ` (how far ahead of now the TAT may run:
+/// the time a fully drained bucket needs to refill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    interval: u64,
+    burst: u64,
+}
+
+impl Limit {
+    /// The highest rate accepted, in tokens per second: one token per tick.
+    pub const MAX_RATE: f64 = TICKS_PER_SECOND as f64;
+    /// The longest refill time (`burst × interval`) accepted: 10^15 ticks, about 3.2 years.
+    /// It keeps every value a Lua script handles below 2^53 and every sum far from overflow.
+    pub const MAX_REFILL_TICKS: u64 = 1_000_000_000_000_000;
+
+    /// A limit of `rate` tokens per second with a capacity of `burst` tokens.
+    ///
+    /// The time per token is `ceil(10^7 / rate)` ticks: rounded up, so the effective rate is
+    /// never above the one asked for (exact for any rate that divides 10^7, such as 100/min;
+    /// at most 1 ppm slower below 10 tokens/s).
+    pub fn new(rate: f64, burst: u64) -> Result<Self, LimitError> {
+        if !rate.is_finite() {
+            return Err(LimitError::RateNotFinite);
+        }
+        if rate <= 0.0 {
+            return Err(LimitError::RateNotPositive);
+        }
+        if rate > Self::MAX_RATE {
+            return Err(LimitError::RateTooHigh);
+        }
+        if burst == 0 {
+            return Err(LimitError::BurstZero);
+        }
+        let interval = (Self::MAX_RATE / rate).ceil();
+        // `as` saturates; the bound keeps it exact.
+        if !(interval <= Self::MAX_REFILL_TICKS as f64) {
+            return Err(LimitError::RefillTooLong);
+        }
+        let interval = interval as u64;
+        match burst.checked_mul(interval) {
+            Some(tau) if tau <= Self::MAX_REFILL_TICKS => Ok(Self { interval, burst }),
+            _ => Err(LimitError::RefillTooLong),
+        }
+    }
+
+    /// A limit of `count` tokens per `period`, with a capacity of `burst` tokens
+    /// ("100 per minute, burst 20").
+    pub fn per_period(count: u64, period: Duration, burst: u64) -> Result<Self, LimitError> {
+        Self::new(count as f64 / period.as_secs_f64(), burst)
+    }
+
+    /// Ticks for one token to come back (GCRA's emission interval `T`).
+    pub fn interval_ticks(&self) -> u64 {
+        self.interval
+    }
+
+    /// Capacity in tokens.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Ticks for an empty bucket to fill (`τ = burst × T`).
+    pub fn refill_ticks(&self) -> u64 {
+        self.burst * self.interval
+    }
+
+    /// The rate actually enforced, in tokens per second (at most the one asked for).
+    pub fn effective_rate(&self) -> f64 {
+        TICKS_PER_SECOND as f64 / self.interval as f64
+    }
+
+    /// The same limit with rate and burst divided by `parts` (rounding the burst down, to at
+    /// least one token): one share of a limit split across sub-buckets or pods.
+    pub fn split(&self, parts: u64) -> Result<Self, LimitError> {
+        let parts = parts.max(1);
+        let interval = self
+            .interval
+            .checked_mul(parts)
+            .filter(|i| *i <= Self::MAX_REFILL_TICKS)
+            .ok_or(LimitError::RefillTooLong)?;
+        let burst = (self.burst / parts).max(1);
+        match burst.checked_mul(interval) {
+            Some(tau) if tau <= Self::MAX_REFILL_TICKS => Ok(Self { interval, burst }),
+            _ => Err(LimitError::RefillTooLong),
+        }
+    }
+}
+
+/// Why a limit was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The rate is NaN or infinite.
+    RateNotFinite,
+    /// The rate is zero or negative.
+    RateNotPositive,
+    /// The rate is above [`Limit::MAX_RATE`].
+    RateTooHigh,
+    /// The burst is zero.
+    BurstZero,
+    /// `burst / rate` is above [`Limit::MAX_REFILL_TICKS`].
+    RefillTooLong,
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::RateNotFinite => "rate must be a finite number",
+            Self::RateNotPositive => "rate must be greater than 0",
+            Self::RateTooHigh => "rate must be at most 10000000 tokens per second",
+            Self::BurstZero => "burst must be at least 1",
+            Self::RefillTooLong => "burst / rate is too long (at most 100000000 seconds)",
+        })
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// The outcome of one check against one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The bucket held at least `cost` tokens.
+    pub allowed: bool,
+    /// Whole tokens left after this check.
+    pub remaining: u64,
+    /// `Some(0)` when allowed; otherwise the wait in ms, rounded up, after which the same check
+    /// is admitted (if nobody else takes tokens meanwhile). `None`: `cost > burst`, never.
+    pub retry_after_ms: Option<u64>,
+    /// Milliseconds until the bucket is full again (0 if full): when its key expires.
+    pub reset_after_ms: u64,
+    /// The bucket's TAT after this check, in ticks.
+    pub tat: u64,
+    /// The state changed and must be stored (`allowed` with a non-zero cost).
+    pub changed: bool,
+}
+
+/// Checks `cost` tokens against a bucket whose TAT is `tat` (0, or anything not after `now`,
+/// for a full bucket) at time `now`, and takes them if they are there.
+///
+/// A refused check changes nothing (`changed == false`, `tat` as it was); so does `cost == 0`,
+/// a peek.
+pub fn check(limit: &Limit, cost: u64, tat: u64, now: u64) -> Decision {
+    evaluate(limit, cost, tat, now, true)
+}
+
+fn evaluate(limit: &Limit, cost: u64, tat: u64, now: u64, take: bool) -> Decision {
+    let tau = limit.refill_ticks();
+    // Clamping to an empty bucket covers a TAT written under a larger burst (a policy that
+    // shrank) or a wall clock that stepped back: never more than `burst` ahead.
+    let tat = tat.clamp(now, now.saturating_add(tau));
+    let used = tat - now; // the bucket's deficit, in ticks
+    let (allowed, retry_after_ms) = if cost > limit.burst {
+        (false, None)
+    } else {
+        let need = cost * limit.interval;
+        if used + need <= tau {
+            (true, Some(0))
+        } else {
+            (false, Some((used + need - tau).div_ceil(TICKS_PER_MS)))
+        }
+    };
+    let changed = take && allowed && cost > 0;
+    let new_tat = if changed {
+        tat.saturating_add(cost * limit.interval)
+    } else {
+        tat
+    };
+    let deficit = new_tat - now;
+    Decision {
+        allowed,
+        remaining: (tau - deficit) / limit.interval,
+        retry_after_ms,
+        reset_after_ms: if deficit == 0 {
+            0
+        } else {
+            stored::expire_at_ms(new_tat) - now / TICKS_PER_MS
+        },
+        tat: new_tat,
+        changed,
+    }
+}
+
+/// One limit of a multi-limit check: `cost` tokens from the bucket at index `bucket` of the
+/// state slice given to [`check_all`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    /// The limit this bucket is checked against.
+    pub limit: Limit,
+    /// Tokens to take.
+    pub cost: u64,
+    /// Index of the bucket's TAT in the state slice. Two checks may name the same bucket: the
+    /// second then sees the first one's tokens as taken.
+    pub bucket: usize,
+}
+
+/// Checks several limits as one all-or-nothing step: tokens are taken from every bucket only
+/// if every bucket has room, otherwise nothing is taken anywhere.
+///
+/// `tats` holds each distinct bucket's TAT and is updated in place only when all are allowed.
+/// Returns whether all were allowed, and one decision per check, in order. A decision's
+/// `allowed` says whether that bucket had room (after earlier checks of this call on the same
+/// bucket); when the whole step is refused, `remaining` and `reset_after_ms` describe the
+/// buckets untouched and no decision is `changed`.
+///
+/// A `bucket` index outside `tats` is treated as a full bucket that is not stored.
+pub fn check_all(checks: &[Check], tats: &mut [u64], now: u64) -> (bool, Vec<Decision>) {
+    let mut tentative = tats.to_vec();
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut all = true;
+    for c in checks {
+        let tat = tentative.get(c.bucket).copied().unwrap_or(0);
+        let d = evaluate(&c.limit, c.cost, tat, now, true);
+        if let Some(slot) = tentative.get_mut(c.bucket) {
+            *slot = d.tat;
+        }
+        all &= d.allowed;
+        decisions.push(d);
+    }
+    if all {
+        tats.copy_from_slice(&tentative);
+    } else {
+        for (d, c) in decisions.iter_mut().zip(checks) {
+            let tat = tats.get(c.bucket).copied().unwrap_or(0);
+            let untouched = evaluate(&c.limit, c.cost, tat, now, false);
+            d.remaining = untouched.remaining;
+            d.reset_after_ms = untouched.reset_after_ms;
+            d.tat = untouched.tat;
+            d.changed = false;
+        }
+    }
+    (all, decisions)
+}
+
+#[cfg(test)]
+mod tests;
