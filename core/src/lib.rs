@@ -92,9 +92,10 @@ impl Limit {
         if burst == 0 {
             return Err(LimitError::BurstZero);
         }
+        // Finite and positive here, so a quotient above the bound is the only failure; the
+        // bound also keeps the `as` conversion exact.
         let interval = (Self::MAX_RATE / rate).ceil();
-        // `as` saturates; the bound keeps it exact.
-        if !(interval <= Self::MAX_REFILL_TICKS as f64) {
+        if interval > Self::MAX_REFILL_TICKS as f64 {
             return Err(LimitError::RefillTooLong);
         }
         let interval = interval as u64;
@@ -271,7 +272,7 @@ pub fn check_all(checks: &[Check], tats: &mut [u64], now: u64) -> (bool, Vec<Dec
     for c in checks {
         let tat = tentative.get(c.bucket).copied().unwrap_or(0);
         let d = evaluate(&c.limit, c.cost, tat, now, true);
-        if let Some(slot) = tentative.get_mut(c.bucket) {
+        if let Some(slot) = tentative.get_mut(c.bucket).filter(|_| d.changed) {
             *slot = d.tat;
         }
         all &= d.allowed;

@@ -18,7 +18,16 @@ const CASES: &[(f64, u64, u64, Option<u64>, bool, u64, Option<u64>, u64)] = &[
     // 2. fresh key, whole burst at once
     (100.0 / 60.0, 20, 20, None, true, 0, Some(0), 12_000),
     // 3. empty bucket: wait one interval
-    (100.0 / 60.0, 20, 1, Some(12_000 * MS), false, 0, Some(600), 12_000),
+    (
+        100.0 / 60.0,
+        20,
+        1,
+        Some(12_000 * MS),
+        false,
+        0,
+        Some(600),
+        12_000,
+    ),
     // 4. cost above burst: never
     (10.0, 5, 6, None, false, 5, None, 0),
     // 5. peek on a fresh key: full, nothing written
@@ -37,8 +46,7 @@ const CASES: &[(f64, u64, u64, Option<u64>, bool, u64, Option<u64>, u64)] = &[
 
 #[test]
 fn table() {
-    for (i, &(rate, burst, cost, tat, allowed, remaining, retry, reset)) in
-        CASES.iter().enumerate()
+    for (i, &(rate, burst, cost, tat, allowed, remaining, retry, reset)) in CASES.iter().enumerate()
     {
         let l = limit(rate, burst);
         let tat = tat.map_or(0, |t| NOW + t);
@@ -106,8 +114,16 @@ fn check_all_is_all_or_nothing() {
     let a = limit(10.0, 5);
     let b = limit(1.0, 2);
     let checks = [
-        Check { limit: a, cost: 1, bucket: 0 },
-        Check { limit: b, cost: 3, bucket: 1 },
+        Check {
+            limit: a,
+            cost: 1,
+            bucket: 0,
+        },
+        Check {
+            limit: b,
+            cost: 3,
+            bucket: 1,
+        },
     ];
     let mut tats = [0, 0];
     let (all, ds) = check_all(&checks, &mut tats, NOW);
@@ -117,8 +133,16 @@ fn check_all_is_all_or_nothing() {
     assert!(!ds[1].allowed && ds[1].retry_after_ms.is_none());
 
     let checks = [
-        Check { limit: a, cost: 1, bucket: 0 },
-        Check { limit: b, cost: 2, bucket: 1 },
+        Check {
+            limit: a,
+            cost: 1,
+            bucket: 0,
+        },
+        Check {
+            limit: b,
+            cost: 2,
+            bucket: 1,
+        },
     ];
     let (all, ds) = check_all(&checks, &mut tats, NOW);
     assert!(all);
@@ -131,8 +155,16 @@ fn check_all_is_all_or_nothing() {
 fn check_all_same_bucket_twice_sees_its_own_take() {
     let l = limit(1.0, 2);
     let checks = [
-        Check { limit: l, cost: 1, bucket: 0 },
-        Check { limit: l, cost: 1, bucket: 0 },
+        Check {
+            limit: l,
+            cost: 1,
+            bucket: 0,
+        },
+        Check {
+            limit: l,
+            cost: 1,
+            bucket: 0,
+        },
     ];
     let mut tats = [NOW + 10_000_000]; // one token left
     let (all, ds) = check_all(&checks, &mut tats, NOW);
@@ -149,13 +181,28 @@ fn stored_round_trip_and_canonical_values() {
     let s = stored::encode(17_000_000_001_234_567);
     assert_eq!(s.expire_at_ms, 1_700_000_000_124);
     assert_eq!(s.sub_ms, 5433);
-    assert_eq!(stored::decode(1_700_000_000_124, b"5433"), Ok(17_000_000_001_234_567));
+    assert_eq!(
+        stored::decode(1_700_000_000_124, b"5433"),
+        Ok(17_000_000_001_234_567)
+    );
     assert_eq!(stored::encode(NOW).sub_ms, 0);
-    for bad in [&b""[..], b"01", b"10000", b"-1", b"+1", b"1.0", b" 1", b"abc"] {
+    for bad in [
+        &b""[..],
+        b"01",
+        b"10000",
+        b"-1",
+        b"+1",
+        b"1.0",
+        b" 1",
+        b"abc",
+    ] {
         assert_eq!(stored::parse_value(bad), None, "{bad:?}");
     }
     assert_eq!(stored::decode(-1, b"0"), Err(stored::FormatError::NoExpiry));
-    assert_eq!(stored::decode(i64::MAX, b"0"), Err(stored::FormatError::Expiry));
+    assert_eq!(
+        stored::decode(i64::MAX, b"0"),
+        Err(stored::FormatError::Expiry)
+    );
 }
 
 /// One step of a random schedule: advance the clock, then check `cost` tokens.

@@ -1,0 +1,194 @@
+//! A bucket in a key: reading it, writing it with its absolute expiry, and replicating the
+//! effect. The layout itself is `redis_ratelimit_core::stored`.
+//!
+//! Writes replicate `SET key <value> PXAT <expiry>`, never the command: `RL.CHECK` reads the
+//! clock, so a replica or an AOF replay running it again would compute another bucket. The
+//! `SET` is deterministic, and a replica without the module follows it too.
+//!
+//! The value is one of 10 000 small integers. Like Redis with its own shared integers, the
+//! module creates each once and lets every key point to it, so a bucket costs what any key
+//! with a TTL costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives
+//! in the value object, and a shared one would blur it for every key (Redis stops sharing its
+//! integers then too).
+
+use redis_module::{raw, Context, RedisError, RedisString};
+use redis_ratelimit_core::stored::{self, SUB_MS_VALUES};
+use std::ffi::{c_int, c_longlong, c_uint};
+use std::ptr::{self, NonNull};
+use std::sync::OnceLock;
+
+/// Fetches a module API function pointer, or fails with an error reply instead of the
+/// panic an `unwrap` would bring into the server.
+macro_rules! api {
+    ($name:ident) => {
+        // SAFETY: the pointers are written once by RedisModule_Init, before any command runs.
+        unsafe { raw::$name }.ok_or(RedisError::Str(concat!(
+            "ERR this server lacks ",
+            stringify!($name)
+        )))
+    };
+}
+
+/// The shared value strings `"0"` ..= `"9999"`, created once at load and never freed: keys
+/// keep pointing at them, even after a `MODULE UNLOAD`.
+#[derive(Debug)]
+pub struct ValuePool(Box<[SharedString]>);
+
+#[derive(Debug)]
+struct SharedString(NonNull<raw::RedisModuleString>);
+
+// SAFETY: the strings are only touched by the server's main thread, holding the GIL, while a
+// command of this module runs; the static only needs them to be storable.
+unsafe impl Send for SharedString {}
+// SAFETY: as above.
+unsafe impl Sync for SharedString {}
+
+static POOL: OnceLock<ValuePool> = OnceLock::new();
+
+impl ValuePool {
+    /// Creates the pool; called from the module's `OnLoad`.
+    pub fn init() -> Result<(), RedisError> {
+        if POOL.get().is_some() {
+            return Ok(());
+        }
+        let printf = api!(RedisModule_CreateStringPrintf)?;
+        let mut strings = Vec::with_capacity(usize::from(SUB_MS_VALUES));
+        for value in 0..SUB_MS_VALUES {
+            // Printf makes a RAW-encoded string (CreateString would make EMBSTR): reading a
+            // RAW value through StringDMA in read mode leaves it shared, an EMBSTR one would
+            // be copied into the key.
+            // SAFETY: NULL context (not auto-freed), a literal format taking one unsigned int.
+            let s = unsafe { printf(ptr::null_mut(), c"%u".as_ptr(), c_uint::from(value)) };
+            let s = NonNull::new(s).ok_or(RedisError::Str("could not allocate value pool"))?;
+            strings.push(SharedString(s));
+        }
+        // Lost race impossible (OnLoad runs once on the main thread); ignore it anyway.
+        let _ = POOL.set(ValuePool(strings.into_boxed_slice()));
+        Ok(())
+    }
+
+    fn get(value: u16) -> Option<*mut raw::RedisModuleString> {
+        POOL.get()?.0.get(usize::from(value)).map(|s| s.0.as_ptr())
+    }
+}
+
+/// An open key, closed on drop.
+struct OpenKey(NonNull<raw::RedisModuleKey>);
+
+impl OpenKey {
+    fn open(ctx: &Context, key: &RedisString, mode: c_int) -> Result<Option<Self>, RedisError> {
+        let open = api!(RedisModule_OpenKey)?;
+        // SAFETY: live context and key name of the running command.
+        let k = unsafe { open(ctx.ctx, key.inner, mode) };
+        Ok(NonNull::new(k).map(Self))
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        // SAFETY: opened by RedisModule_OpenKey and closed exactly once, here.
+        if let Some(close) = unsafe { raw::RedisModule_CloseKey } {
+            unsafe { close(self.0.as_ptr()) };
+        }
+    }
+}
+
+/// Reads the bucket's TAT, in ticks; 0 for a missing key (a full bucket).
+pub fn read(ctx: &Context, key: &RedisString) -> Result<u64, RedisError> {
+    let Some(k) = OpenKey::open(ctx, key, raw::REDISMODULE_READ as c_int)? else {
+        return Ok(0);
+    };
+    let key_type = api!(RedisModule_KeyType)?;
+    // SAFETY: `k` is open.
+    if unsafe { key_type(k.0.as_ptr()) } != raw::REDISMODULE_KEYTYPE_STRING as c_int {
+        return Err(RedisError::WrongType);
+    }
+    let dma = api!(RedisModule_StringDMA)?;
+    let get_expire = api!(RedisModule_GetAbsExpire)?;
+    let mut len = 0;
+    // SAFETY: `k` is an open string key; read mode does not modify a RAW value.
+    let p = unsafe { dma(k.0.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
+    if p.is_null() {
+        return Err(RedisError::Str("ERR could not read the key"));
+    }
+    // SAFETY: Redis guarantees `len` readable bytes at `p` while the key is open.
+    let value = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    // SAFETY: `k` is open.
+    let expire = unsafe { get_expire(k.0.as_ptr()) };
+    stored::decode(expire, value)
+        .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
+}
+
+/// Stores the bucket's TAT with its absolute expiry and replicates the effect.
+pub fn write(ctx: &Context, key: &RedisString, tat: u64) -> Result<(), RedisError> {
+    let s = stored::encode(tat);
+    let expire = c_longlong::try_from(s.expire_at_ms)
+        .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
+    let string_set = api!(RedisModule_StringSet)?;
+    let set_expire = api!(RedisModule_SetAbsExpire)?;
+    let replicate = api!(RedisModule_Replicate)?;
+    let k = OpenKey::open(
+        ctx,
+        key,
+        (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
+    )?
+    .ok_or(RedisError::Str("ERR could not open the key for writing"))?;
+
+    let pooled = if may_share(ctx) {
+        ValuePool::get(s.sub_ms)
+    } else {
+        None
+    };
+    let set = match pooled {
+        // SAFETY: `k` is open for writing; the key takes its own reference to the string.
+        Some(value) => unsafe { string_set(k.0.as_ptr(), value) },
+        None => {
+            let printf = api!(RedisModule_CreateStringPrintf)?;
+            let free = api!(RedisModule_FreeString)?;
+            // SAFETY: live context, literal format taking one unsigned int; the key keeps its
+            // own reference, so ours is released right after.
+            unsafe {
+                let value = printf(ctx.ctx, c"%u".as_ptr(), c_uint::from(s.sub_ms));
+                let set = string_set(k.0.as_ptr(), value);
+                free(ctx.ctx, value);
+                set
+            }
+        }
+    };
+    if set != raw::REDISMODULE_OK as c_int {
+        return Err(RedisError::Str("ERR could not write the key"));
+    }
+    // SAFETY: `k` is open for writing and now holds a value.
+    if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
+        return Err(RedisError::Str("ERR could not set the key's expiry"));
+    }
+    drop(k);
+    // SAFETY: format "slcl" matches (RedisModuleString*, long long, char*, long long).
+    let replicated = unsafe {
+        replicate(
+            ctx.ctx,
+            c"SET".as_ptr(),
+            c"slcl".as_ptr(),
+            key.inner,
+            c_longlong::from(s.sub_ms),
+            c"PXAT".as_ptr(),
+            expire,
+        )
+    };
+    if replicated != raw::REDISMODULE_OK as c_int {
+        return Err(RedisError::Str("ERR could not replicate the write"));
+    }
+    Ok(())
+}
+
+/// Whether values may be shared: not when maxmemory is set with an eviction policy, since LRU
+/// and LFU keep each key's recency in its value object.
+fn may_share(ctx: &Context) -> bool {
+    let Ok(flags) = api!(RedisModule_GetContextFlags) else {
+        return false;
+    };
+    // SAFETY: live context.
+    let flags = unsafe { flags(ctx.ctx) } as u32;
+    let evicting = raw::REDISMODULE_CTX_FLAGS_MAXMEMORY | raw::REDISMODULE_CTX_FLAGS_EVICT;
+    flags & evicting != evicting
+}

@@ -1,0 +1,410 @@
+//! `RL.CHECK` and `RL.CHECKALL` behaviour against real servers (Redis 7.0 and Valkey 8, or
+//! `REDIS_URL`).
+
+mod common;
+
+use common::*;
+use redis::Connection;
+use std::time::Duration;
+
+/// 100 per minute.
+const PER_MINUTE_100: &str = "1.6666666666666667";
+/// One per hour: nothing refills while a test runs.
+const PER_HOUR_1: &str = "0.0002777777777777778";
+
+fn dump(c: &mut Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("DUMP").arg(key).query(c).expect("DUMP")
+}
+
+fn checkall(c: &mut Connection, args: &[&str]) -> Vec<Reply> {
+    let mut cmd = redis::cmd("RL.CHECKALL");
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query(c)
+        .unwrap_or_else(|e| panic!("RL.CHECKALL {args:?}: {e}"))
+}
+
+#[test]
+fn reply_fields_on_a_fresh_key() {
+    for t in targets("fields") {
+        let mut c = t.conn();
+        let k = t.key("a");
+        let before = server_ms(&mut c);
+        let (allowed, remaining, retry, reset) = rl_check(&mut c, &k, PER_MINUTE_100, 20, 1);
+        let after = server_ms(&mut c);
+        assert_eq!((allowed, remaining, retry), (1, 19, 0), "{}", t.name);
+        // One token is back after 600 ms; reset is the key's TTL, so the sub-ms phase of the
+        // server clock may add one ms.
+        assert!((600..=601).contains(&reset), "{}: reset {reset}", t.name);
+        let expire_at = pexpiretime(&mut c, &k);
+        assert!(
+            expire_at - after <= reset && reset <= expire_at - before,
+            "{}: reset {reset} vs PEXPIRETIME {expire_at} in [{before}, {after}]",
+            t.name
+        );
+        let value: String = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
+        let sub: u16 = value.parse().expect("value is an integer");
+        assert!(sub < 10_000, "{}: value {value}", t.name);
+    }
+}
+
+#[test]
+fn burst_from_fresh_key_admits_exactly_burst_then_denies() {
+    for t in targets("burst") {
+        let mut c = t.conn();
+        let k = t.key("b");
+        let replies: Vec<Reply> = (0..25)
+            .map(|_| rl_check(&mut c, &k, PER_HOUR_1, 20, 1))
+            .collect();
+        let allowed = replies.iter().filter(|r| r.0 == 1).count();
+        assert_eq!(allowed, 20, "{}", t.name);
+        assert!(replies[..20].iter().all(|r| r.0 == 1), "{}", t.name);
+        for (i, r) in replies[..20].iter().enumerate() {
+            assert_eq!(
+                r.1,
+                19 - i as i64,
+                "{}: remaining after {} takes",
+                t.name,
+                i + 1
+            );
+        }
+        let (allowed, remaining, retry, reset) = replies[24];
+        assert_eq!((allowed, remaining), (0, 0), "{}", t.name);
+        // One token per hour: the wait is an hour, minus what elapsed since the first take.
+        assert!(
+            (3_599_000..=3_600_000).contains(&retry),
+            "{}: retry {retry}",
+            t.name
+        );
+        assert!(reset >= 20 * 3_599_000, "{}: reset {reset}", t.name);
+        assert!(reset <= 20 * 3_600_000 + 1, "{}: reset {reset}", t.name);
+    }
+}
+
+#[test]
+fn waiting_retry_after_is_enough() {
+    for t in targets("refill") {
+        let mut c = t.conn();
+        let k = t.key("r");
+        // 20 tokens/s (50 ms each), burst 2.
+        assert_eq!(rl_check(&mut c, &k, "20", 2, 2).0, 1);
+        let (allowed, _, retry, _) = rl_check(&mut c, &k, "20", 2, 1);
+        assert_eq!(allowed, 0, "{}", t.name);
+        assert!((1..=50).contains(&retry), "{}: retry {retry}", t.name);
+        std::thread::sleep(Duration::from_millis(retry as u64));
+        let (allowed, remaining, _, _) = rl_check(&mut c, &k, "20", 2, 1);
+        assert_eq!(
+            (allowed, remaining),
+            (1, 0),
+            "{}: after waiting {retry} ms",
+            t.name
+        );
+        // A full refill: the key is gone and the bucket full again.
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(
+            !exists(&mut c, &k),
+            "{}: key outlived a full bucket",
+            t.name
+        );
+        assert_eq!(rl_check(&mut c, &k, "20", 2, 0), (1, 2, 0, 0), "{}", t.name);
+    }
+}
+
+#[test]
+fn weighted_costs_and_never_passing_cost() {
+    for t in targets("weighted") {
+        let mut c = t.conn();
+        let k = t.key("w");
+        assert_eq!(rl_check(&mut c, &k, PER_HOUR_1, 10, 4).0, 1);
+        let r = rl_check(&mut c, &k, PER_HOUR_1, 10, 7);
+        assert_eq!((r.0, r.1), (0, 6), "{}: 7 of 6 left", t.name);
+        assert!(r.2 > 0, "{}", t.name);
+        assert_eq!(rl_check(&mut c, &k, PER_HOUR_1, 10, 6).0, 1, "{}", t.name);
+        assert_eq!(rl_check(&mut c, &k, PER_HOUR_1, 10, 0).1, 0, "{}", t.name);
+
+        let never = t.key("never");
+        assert_eq!(
+            rl_check(&mut c, &never, "10", 5, 6),
+            (0, 5, -1, 0),
+            "{}",
+            t.name
+        );
+        assert!(!exists(&mut c, &never), "{}: a refused check wrote", t.name);
+    }
+}
+
+#[test]
+fn peek_never_writes() {
+    for t in targets("peek") {
+        let mut c = t.conn();
+        let k = t.key("p");
+        assert_eq!(rl_check(&mut c, &k, "10", 5, 0), (1, 5, 0, 0), "{}", t.name);
+        assert!(!exists(&mut c, &k), "{}: peek created the key", t.name);
+        rl_check(&mut c, &k, PER_HOUR_1, 5, 3);
+        let before = (dump(&mut c, &k), pexpiretime(&mut c, &k));
+        let (allowed, remaining, retry, _) = rl_check(&mut c, &k, PER_HOUR_1, 5, 0);
+        assert_eq!((allowed, remaining, retry), (1, 2, 0), "{}", t.name);
+        let denied = rl_check(&mut c, &k, PER_HOUR_1, 5, 3);
+        assert_eq!(denied.0, 0, "{}", t.name);
+        let after = (dump(&mut c, &k), pexpiretime(&mut c, &k));
+        assert_eq!(before, after, "{}: peek or refusal changed the key", t.name);
+    }
+}
+
+#[test]
+fn key_expires_exactly_when_the_bucket_is_full() {
+    for t in targets("expiry") {
+        let mut c = t.conn();
+        let k = t.key("e");
+        // 100 tokens/s, burst 5: taking 5 leaves a 50 ms deficit.
+        let before = server_ms(&mut c);
+        let r = rl_check(&mut c, &k, "100", 5, 5);
+        assert_eq!((r.0, r.1), (1, 0), "{}", t.name);
+        let expire_at = pexpiretime(&mut c, &k);
+        assert!(
+            (before + 50..=before + 52).contains(&expire_at),
+            "{}: expiry {expire_at}, check at {before}",
+            t.name
+        );
+        // The stored TAT (expiry × 10^4 − value, in 100 ns ticks) is exactly 5 × 10 ms
+        // after the check's own clock reading, which lies between `before` and now.
+        let value: i64 = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
+        let tat_ticks = expire_at * 10_000 - value;
+        assert!(tat_ticks > (before + 50) * 10_000 - 10_000, "{}", t.name);
+        // Wait until the expiry has passed on the server's clock: then full, key gone.
+        assert!(eventually(Duration::from_secs(2), || server_ms(&mut c) > expire_at));
+        assert_eq!(rl_check(&mut c, &k, "100", 5, 0).1, 5, "{}", t.name);
+        assert!(!exists(&mut c, &k), "{}", t.name);
+    }
+}
+
+#[test]
+fn checkall_is_all_or_nothing() {
+    for t in targets("all") {
+        let mut c = t.conn();
+        let (a, b) = (t.key("{u1}:key"), t.key("{u1}:route"));
+        let r = checkall(
+            &mut c,
+            &[&a, PER_HOUR_1, "10", "1", &b, PER_HOUR_1, "3", "2"],
+        );
+        assert_eq!(r, vec![(1, 9, 0, r[0].3), (1, 1, 0, r[1].3)], "{}", t.name);
+        let before = (dump(&mut c, &a), dump(&mut c, &b), pexpiretime(&mut c, &a));
+        // `b` has one token left: nothing may be taken from `a` either.
+        let r = checkall(
+            &mut c,
+            &[&a, PER_HOUR_1, "10", "1", &b, PER_HOUR_1, "3", "2"],
+        );
+        assert_eq!(
+            (r[0].0, r[0].1, r[0].2),
+            (1, 9, 0),
+            "{}: a had room",
+            t.name
+        );
+        assert_eq!((r[1].0, r[1].1), (0, 1), "{}: b had not", t.name);
+        assert!(r[1].2 > 0, "{}", t.name);
+        let after = (dump(&mut c, &a), dump(&mut c, &b), pexpiretime(&mut c, &a));
+        assert_eq!(before, after, "{}: a refused RL.CHECKALL wrote", t.name);
+        // Cost above burst anywhere: -1, nothing taken.
+        let r = checkall(
+            &mut c,
+            &[&a, PER_HOUR_1, "10", "1", &b, PER_HOUR_1, "3", "4"],
+        );
+        assert_eq!(r[1].2, -1, "{}", t.name);
+        // Both fit: both taken.
+        let r = checkall(
+            &mut c,
+            &[&a, PER_HOUR_1, "10", "2", &b, PER_HOUR_1, "3", "1"],
+        );
+        assert_eq!((r[0].0, r[0].1, r[1].0, r[1].1), (1, 7, 1, 0), "{}", t.name);
+    }
+}
+
+#[test]
+fn checkall_same_key_twice_counts_both() {
+    for t in targets("dup") {
+        let mut c = t.conn();
+        let k = t.key("d");
+        rl_check(&mut c, &k, PER_HOUR_1, 3, 2); // one token left
+        let r = checkall(
+            &mut c,
+            &[&k, PER_HOUR_1, "3", "1", &k, PER_HOUR_1, "3", "1"],
+        );
+        assert_eq!(
+            (r[0].0, r[1].0),
+            (1, 0),
+            "{}: the second sees the first's take",
+            t.name
+        );
+        assert_eq!(
+            rl_check(&mut c, &k, PER_HOUR_1, 3, 0).1,
+            1,
+            "{}: nothing taken",
+            t.name
+        );
+        let r = checkall(&mut c, &[&k, PER_HOUR_1, "3", "1", &k, "1000", "3", "0"]);
+        assert_eq!((r[0].0, r[0].1, r[1].0, r[1].1), (1, 0, 1, 0), "{}", t.name);
+    }
+}
+
+#[test]
+fn concurrent_connections_never_over_admit() {
+    for t in targets("race") {
+        let k = t.key("hot");
+        let admitted: i64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..10)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut c = t.conn();
+                        (0..30)
+                            .map(|_| rl_check(&mut c, &k, PER_HOUR_1, 100, 1).0)
+                            .sum::<i64>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 100, "{}: 300 checks against burst 100", t.name);
+    }
+}
+
+#[test]
+fn values_are_shared_unless_an_lru_policy_is_on() {
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let mut c = s.conn();
+        for i in 0..50 {
+            rl_check(&mut c, &format!("k{i}"), "1000", 10, 10);
+        }
+        let refcount: i64 = redis::cmd("OBJECT")
+            .arg("REFCOUNT")
+            .arg("k0")
+            .query(&mut c)
+            .unwrap();
+        assert!(
+            refcount > 1,
+            "{flavor:?}: value not shared (refcount {refcount})"
+        );
+        // Writing to a key that shares its value must unshare it, not touch the others.
+        let v0: String = redis::cmd("GET").arg("k0").query(&mut c).unwrap();
+        let _: i64 = redis::cmd("APPEND")
+            .arg("k0")
+            .arg("x")
+            .query(&mut c)
+            .unwrap();
+        let others: Vec<Option<String>> = (1..50)
+            .map(|i| {
+                redis::cmd("GET")
+                    .arg(format!("k{i}"))
+                    .query(&mut c)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            others.iter().flatten().all(|v| !v.ends_with('x')),
+            "{flavor:?}"
+        );
+        let v0x: String = redis::cmd("GET").arg("k0").query(&mut c).unwrap();
+        assert_eq!(v0x, format!("{v0}x"));
+        drop(s);
+
+        let s = Server::start_with(
+            flavor,
+            true,
+            &["--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru"],
+        );
+        let mut c = s.conn();
+        rl_check(&mut c, "a", "1000", 10, 10);
+        rl_check(&mut c, "b", "1000", 10, 10);
+        let refcount: i64 = redis::cmd("OBJECT")
+            .arg("REFCOUNT")
+            .arg("a")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(refcount, 1, "{flavor:?}: shared under allkeys-lru");
+    }
+}
+
+#[test]
+fn reads_buckets_written_in_the_documented_format() {
+    for t in targets("format") {
+        let mut c = t.conn();
+        let k = t.key("f");
+        // One token an hour, one token missing, written the way a Lua script would: the TAT
+        // is an hour ahead, expiry rounded up to the ms, value the 100 ns ticks it rounded.
+        let now = server_ms(&mut c);
+        let expire_at = now + 3_600_000;
+        let _: () = redis::cmd("SET")
+            .arg(&k)
+            .arg(5000)
+            .arg("PXAT")
+            .arg(expire_at)
+            .query(&mut c)
+            .unwrap();
+        // Exactly one token (of 3) is missing.
+        let (allowed, remaining, _, reset) = rl_check(&mut c, &k, PER_HOUR_1, 3, 0);
+        assert_eq!((allowed, remaining), (1, 2), "{}", t.name);
+        assert!(
+            (3_599_000..=3_600_000).contains(&reset),
+            "{}: reset {reset}",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn info_section_counts_checks() {
+    for t in targets("info") {
+        let mut c = t.conn();
+        let field = |c: &mut Connection, name: &str| -> i64 {
+            let info: String = redis::cmd("INFO").arg("ratelimit").query(c).unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("ratelimit_{name}:")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no ratelimit_{name} in INFO:\n{info}"))
+        };
+        let (checks, allowed, denied, errors) = (
+            field(&mut c, "checks"),
+            field(&mut c, "allowed"),
+            field(&mut c, "denied"),
+            field(&mut c, "errors"),
+        );
+        let k = t.key("i");
+        rl_check(&mut c, &k, PER_HOUR_1, 1, 1);
+        rl_check(&mut c, &k, PER_HOUR_1, 1, 1);
+        expect_err(&mut c, &["RL.CHECK", &k, "x", "1"]);
+        if std::env::var("REDIS_URL").is_err() {
+            assert_eq!(field(&mut c, "checks"), checks + 2, "{}", t.name);
+            assert_eq!(field(&mut c, "allowed"), allowed + 1, "{}", t.name);
+            assert_eq!(field(&mut c, "denied"), denied + 1, "{}", t.name);
+            assert_eq!(field(&mut c, "errors"), errors + 1, "{}", t.name);
+        } else {
+            assert!(field(&mut c, "checks") >= checks + 2);
+        }
+    }
+}
+
+#[test]
+fn acl_can_deny_the_commands() {
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let mut admin = s.conn();
+        // Valkey 8 (like Redis 7.2+) puts the commands in @write; Redis 7.0 cannot give module
+        // commands categories, so there they are denied by name.
+        let rule = match flavor {
+            Flavor::Valkey => "-@write",
+            Flavor::Redis => "-rl.check",
+        };
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "app", "on", ">pw", "~*", "+@all", rule])
+            .query(&mut admin)
+            .unwrap();
+        let mut c = redis::Client::open(format!("redis://app:pw@127.0.0.1:{}/", s.port))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let err = expect_err(&mut c, &["RL.CHECK", "k", "1", "1"]);
+        assert!(err.to_lowercase().contains("noperm"), "{flavor:?}: {err}");
+        assert!(!exists(&mut admin, "k"), "{flavor:?}");
+    }
+}

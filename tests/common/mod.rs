@@ -1,0 +1,309 @@
+//! Test harness: real `redis-server` / `valkey-server` processes with the module loaded, one per
+//! test, on OS-assigned loopback ports, each in its own temp dir, killed and reaped on drop.
+//!
+//! Environment:
+//! - `RL_MODULE`: the module to load (default `target/release/libredis_ratelimit.so`; build it
+//!   first with `cargo build --release -p redis-ratelimit`, which `scripts/test` does).
+//! - `REDIS_SERVER_BIN`, `VALKEY_SERVER_BIN`: server binaries (default from `PATH`).
+//! - `REDIS_URL`: an external server with the module loaded (e.g. the Docker image): the
+//!   behaviour tests then run against it alone; tests that need their own servers (replicas,
+//!   AOF, cluster) still start them.
+#![allow(dead_code, unreachable_pub)]
+
+use redis::{Client, Connection, Value};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Which server implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Redis,
+    Valkey,
+}
+
+impl Flavor {
+    pub fn binary(self) -> String {
+        let (var, default) = match self {
+            Flavor::Redis => ("REDIS_SERVER_BIN", "redis-server"),
+            Flavor::Valkey => ("VALKEY_SERVER_BIN", "valkey-server"),
+        };
+        std::env::var(var).unwrap_or_else(|_| default.to_string())
+    }
+
+    pub const ALL: [Flavor; 2] = [Flavor::Redis, Flavor::Valkey];
+}
+
+pub fn module_path() -> PathBuf {
+    let path = std::env::var_os("RL_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_ratelimit.so")
+        });
+    assert!(
+        path.exists(),
+        "module not found at {} (run `cargo build --release -p redis-ratelimit` or set RL_MODULE)",
+        path.display()
+    );
+    path
+}
+
+/// A server process owned by a test.
+#[derive(Debug)]
+pub struct Server {
+    pub flavor: Flavor,
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Child,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+impl Server {
+    /// Starts a server with the module loaded.
+    pub fn start(flavor: Flavor) -> Server {
+        Self::start_with(flavor, true, &[])
+    }
+
+    /// Starts a server, with or without the module, with extra config arguments.
+    pub fn start_with(flavor: Flavor, with_module: bool, extra: &[&str]) -> Server {
+        let dir = std::env::temp_dir().join(format!(
+            "rl-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self::start_in(flavor, with_module, extra, dir)
+    }
+
+    /// Starts a server in `dir` (for restarts that must find their AOF or RDB files).
+    pub fn start_in(flavor: Flavor, with_module: bool, extra: &[&str], dir: PathBuf) -> Server {
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            "".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--logfile".into(),
+            "server.log".into(),
+            "--daemonize".into(),
+            "no".into(),
+        ];
+        if with_module {
+            args.push("--loadmodule".into());
+            args.push(module_path().display().to_string());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(flavor.binary())
+            .args(&args)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", flavor.binary()));
+        let server = Server {
+            flavor,
+            port,
+            dir,
+            child,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.try_conn() {
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                // A server still loading its AOF answers LOADING; wait for it too.
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{:?} on port {} not ready in 10 s; log:\n{}",
+                self.flavor,
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<Connection> {
+        Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    pub fn conn(&self) -> Connection {
+        self.try_conn().expect("connect")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// Sends a signal to the server process (`STOP`, `CONT`, `KILL`).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), self.child.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Stops the server and waits for it, keeping its directory.
+    pub fn stop(mut self) -> PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = std::mem::take(&mut self.dir);
+        std::mem::forget(self);
+        dir
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {:?} log (port {}) ---\n{}",
+                self.flavor,
+                self.port,
+                self.log()
+            );
+        }
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Where a behaviour test runs: the external `REDIS_URL` server, or a fresh server of each
+/// flavor. Keys get a per-test prefix so tests can share an external server.
+#[derive(Debug)]
+pub struct Target {
+    pub name: String,
+    pub url: String,
+    pub prefix: String,
+    _server: Option<Server>,
+}
+
+impl Target {
+    pub fn conn(&self) -> Connection {
+        Client::open(self.url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .unwrap_or_else(|e| panic!("{}: connect: {e}", self.name))
+    }
+
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+}
+
+pub fn targets(test: &str) -> Vec<Target> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let prefix = format!("rltest:{test}:{}:", std::process::id());
+        return vec![Target {
+            name: format!("external {url}"),
+            url,
+            prefix,
+            _server: None,
+        }];
+    }
+    Flavor::ALL
+        .iter()
+        .map(|&f| {
+            let s = Server::start(f);
+            Target {
+                name: format!("{f:?}"),
+                url: s.url(),
+                prefix: format!("{test}:"),
+                _server: Some(s),
+            }
+        })
+        .collect()
+}
+
+/// `RL.CHECK` reply.
+pub type Reply = (i64, i64, i64, i64);
+
+pub fn rl_check(c: &mut Connection, key: &str, rate: &str, burst: i64, cost: i64) -> Reply {
+    redis::cmd("RL.CHECK")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(cost)
+        .query(c)
+        .unwrap_or_else(|e| panic!("RL.CHECK {key} {rate} {burst} {cost}: {e}"))
+}
+
+/// Runs a raw command and returns its error text (panics if it succeeded).
+pub fn expect_err(c: &mut Connection, args: &[&str]) -> String {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    match cmd.query::<Value>(c) {
+        Ok(v) => panic!("{args:?} succeeded: {v:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+pub fn exists(c: &mut Connection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(c)
+        .expect("EXISTS")
+        == 1
+}
+
+pub fn pttl(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(c).expect("PTTL")
+}
+
+pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(c)
+        .expect("PEXPIRETIME")
+}
+
+/// Server time in ms.
+pub fn server_ms(c: &mut Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(c).expect("TIME");
+    s * 1000 + us / 1000
+}
+
+/// Polls `f` until it returns true or `limit` passes (for replication lag, not for timing).
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
