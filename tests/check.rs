@@ -1,10 +1,8 @@
 //! `RL.CHECK` and `RL.CHECKALL` behaviour against real servers (Redis 7.0 and Valkey 8, or
 //! `REDIS_URL`).
 
-mod common;
-
-use common::*;
 use redis::Connection;
+use redis_ratelimit_testkit::*;
 use std::time::Duration;
 
 /// 100 per minute.

@@ -1,59 +1,9 @@
 //! A cluster of 3 primaries on loopback: both commands are routed by their declared key
 //! positions, and a cross-slot `RL.CHECKALL` is refused by the server.
 
-mod common;
-
-use common::*;
 use redis::cluster::ClusterClient;
 use redis::Connection;
-use std::time::Duration;
-
-/// Starts 3 primaries and splits the 16384 slots between them.
-pub fn start_cluster(flavor: Flavor) -> Vec<Server> {
-    let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::start_with(
-                flavor,
-                true,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ],
-            )
-        })
-        .collect();
-    let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
-    for (node, (from, to)) in nodes.iter().zip(ranges) {
-        let _: () = redis::cmd("CLUSTER")
-            .arg("ADDSLOTSRANGE")
-            .arg(from)
-            .arg(to)
-            .query(&mut node.conn())
-            .unwrap();
-    }
-    let mut first = nodes[0].conn();
-    for node in &nodes[1..] {
-        let _: () = redis::cmd("CLUSTER")
-            .arg("MEET")
-            .arg("127.0.0.1")
-            .arg(node.port)
-            .query(&mut first)
-            .unwrap();
-    }
-    for node in &nodes {
-        let mut c = node.conn();
-        let ok = eventually(Duration::from_secs(20), || {
-            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
-            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
-        });
-        assert!(ok, "{flavor:?}: cluster did not converge");
-    }
-    nodes
-}
+use redis_ratelimit_testkit::*;
 
 fn dbsize(c: &mut Connection) -> i64 {
     redis::cmd("DBSIZE").query(c).unwrap()

@@ -1,9 +1,7 @@
 //! Bad input never hurts the server: each gets an `ERR`/`WRONGTYPE` error, nothing is written,
 //! and the server keeps answering.
 
-mod common;
-
-use common::*;
+use redis_ratelimit_testkit::*;
 
 /// (arguments, expected substring of the error, case-insensitively)
 const BAD: &[(&[&str], &str)] = &[

@@ -1,10 +1,8 @@
 //! Replicas and persistence end up with the primary's bucket, byte for byte: the module
 //! replicates `SET key value PXAT expiry`, never the clock-reading command.
 
-mod common;
-
-use common::*;
 use redis::Connection;
+use redis_ratelimit_testkit::*;
 use std::time::Duration;
 
 /// One token per hour: buckets stay put while a test runs.

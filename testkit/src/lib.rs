@@ -8,7 +8,7 @@
 //! - `REDIS_URL`: an external server with the module loaded (e.g. the Docker image): the
 //!   behaviour tests then run against it alone; tests that need their own servers (replicas,
 //!   AOF, cluster) still start them.
-#![allow(dead_code, unreachable_pub)]
+#![allow(missing_docs, missing_debug_implementations)]
 
 use redis::{Client, Connection, Value};
 use std::net::TcpListener;
@@ -40,7 +40,7 @@ pub fn module_path() -> PathBuf {
     let path = std::env::var_os("RL_MODULE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_ratelimit.so")
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_ratelimit.so")
         });
     assert!(
         path.exists(),
@@ -306,4 +306,51 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     f()
+}
+
+/// Starts 3 primaries and splits the 16384 slots between them.
+pub fn start_cluster(flavor: Flavor) -> Vec<Server> {
+    let nodes: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::start_with(
+                flavor,
+                true,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+            )
+        })
+        .collect();
+    let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
+    for (node, (from, to)) in nodes.iter().zip(ranges) {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(from)
+            .arg(to)
+            .query(&mut node.conn())
+            .unwrap();
+    }
+    let mut first = nodes[0].conn();
+    for node in &nodes[1..] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(node.port)
+            .query(&mut first)
+            .unwrap();
+    }
+    for node in &nodes {
+        let mut c = node.conn();
+        let ok = eventually(Duration::from_secs(20), || {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+        });
+        assert!(ok, "{flavor:?}: cluster did not converge");
+    }
+    nodes
 }
