@@ -1,0 +1,144 @@
+//! In-process cache of buckets known to be exhausted: until their retry-after, a request
+//! for at least the same cost is refused without a round trip.
+//!
+//! Bounded: 16 shards of at most `capacity / 16` entries each. A full shard first drops its
+//! expired entries, then an arbitrary one; memory stays flat under millions of distinct keys,
+//! and forgetting an entry only costs a round trip.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The bucket has `cost` tokens again at this instant.
+    until: Instant,
+    cost: u64,
+    /// The bucket is full again at this instant.
+    reset: Instant,
+}
+
+/// A hit: the request is refused for this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hit {
+    pub(crate) retry_after: Duration,
+    pub(crate) reset_after: Duration,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    shards: Vec<Mutex<HashMap<Box<str>, Entry>>>,
+    per_shard: usize,
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: capacity.div_ceil(SHARDS),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Entry>> {
+        let i = (xxh3_64(key.as_bytes()) % SHARDS as u64) as usize;
+        // Entries are plain values: a poisoned shard is still consistent.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Is `cost` from `key` known to be refused at `now`?
+    pub(crate) fn get(&self, key: &str, cost: u64, now: Instant) -> Option<Hit> {
+        if self.per_shard == 0 || cost == 0 {
+            return None;
+        }
+        let mut shard = self.shard(key);
+        let e = *shard.get(key)?;
+        if now >= e.until {
+            shard.remove(key);
+            return None;
+        }
+        // Fewer tokens than the refused cost may already be there.
+        (cost >= e.cost).then(|| Hit {
+            retry_after: e.until - now,
+            reset_after: e.reset.saturating_duration_since(now),
+        })
+    }
+
+    /// Remembers that `cost` from `key` is refused until `now + retry_after`.
+    pub(crate) fn insert(
+        &self,
+        key: &str,
+        cost: u64,
+        now: Instant,
+        retry_after: Duration,
+        reset_after: Duration,
+    ) {
+        if self.per_shard == 0 || retry_after.is_zero() {
+            return;
+        }
+        let entry = Entry {
+            until: now + retry_after,
+            cost,
+            reset: now + reset_after,
+        };
+        let mut shard = self.shard(key);
+        if shard.len() >= self.per_shard && !shard.contains_key(key) {
+            shard.retain(|_, e| e.until > now);
+            if shard.len() >= self.per_shard {
+                if let Some(victim) = shard.keys().next().cloned() {
+                    shard.remove(&victim);
+                }
+            }
+        }
+        shard.insert(key.into(), entry);
+    }
+
+    /// Entries held (expired ones included until they are next touched).
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map_or(0, |s| s.len()))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn hits_until_retry_after_for_same_or_larger_cost() {
+        let c = DenyCache::new(100);
+        let t0 = Instant::now();
+        c.insert("k", 2, t0, S, 3 * S);
+        assert_eq!(
+            c.get("k", 2, t0),
+            Some(Hit {
+                retry_after: S,
+                reset_after: 3 * S
+            })
+        );
+        assert!(c.get("k", 5, t0).is_some());
+        assert_eq!(c.get("k", 1, t0), None, "a smaller cost may fit");
+        assert_eq!(c.get("other", 2, t0), None);
+        assert_eq!(c.get("k", 2, t0 + S), None, "expired at retry-after");
+        assert_eq!(c.len(), 0, "expired entry dropped");
+    }
+
+    #[test]
+    fn stays_within_its_bound_under_many_keys() {
+        let c = DenyCache::new(1_000);
+        let t0 = Instant::now();
+        for i in 0..200_000 {
+            c.insert(&format!("key{i}"), 1, t0, S, S);
+        }
+        assert!(c.len() <= 1_000 + SHARDS, "{} entries", c.len());
+        // The newest entry is always kept.
+        assert!(c.get("key199999", 1, t0).is_some());
+    }
+}

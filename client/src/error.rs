@@ -1,0 +1,84 @@
+//! Errors. Transport trouble (timeout, refused, dropped) is not an error for callers: it
+//! is answered by the policy's fail mode and counted. What reaches the caller is a bug to fix:
+//! an invalid policy, or an `ERR` reply from the store.
+
+/// What `Limiter` calls return instead of a decision.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A policy failed validation.
+    #[error("invalid policy {0}")]
+    InvalidPolicy(String),
+    /// The limiter's configuration is invalid (bad URL, no policies...).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The store answered with an error (`ERR ...`, `WRONGTYPE ...`): a bug, not an outage.
+    #[error("the store refused the check: {0}")]
+    Server(#[source] redis::RedisError),
+    /// The store's reply did not have the expected shape.
+    #[error("unexpected reply from the store: {0}")]
+    Protocol(String),
+}
+
+/// Why one store call failed.
+#[derive(Debug)]
+pub(crate) enum StoreError {
+    /// No answer within the timeout.
+    Timeout,
+    /// Connection refused, dropped, not yet established, or the cluster is down.
+    Transport(redis::RedisError),
+    /// An error reply.
+    Server(redis::RedisError),
+    /// A reply of the wrong shape.
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Timeouts and transport failures: the store may be fine again later; the breaker
+    /// counts these and the fail mode answers them. Nothing else is.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, Self::Timeout | Self::Transport(_))
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Transport(_) => "transport",
+            Self::Server(_) => "server",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
+        use redis::{ErrorKind, ServerErrorKind};
+        let transport = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(
+                        ServerErrorKind::ClusterDown
+                            | ServerErrorKind::MasterDown
+                            | ServerErrorKind::TryAgain
+                            | ServerErrorKind::BusyLoading
+                    )
+            );
+        if transport {
+            Self::Transport(e)
+        } else {
+            Self::Server(e)
+        }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout => f.write_str("no answer within the timeout"),
+            Self::Transport(e) | Self::Server(e) => e.fmt(f),
+            Self::Protocol(s) => f.write_str(s),
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! The limiter: policies → keys → deny cache → breaker → store (with timeout) → decision,
+//! or the fail mode when the store cannot be asked.
+
+use crate::breaker::{Admission, Breaker};
+use crate::deny_cache::DenyCache;
+use crate::error::StoreError;
+use crate::local::LocalBuckets;
+use crate::store::{Item, Reply, Store};
+use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
+use redis_ratelimit_core::{ticks_since_epoch, Limit};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Checks requests against policies, globally through the store. Cheap to clone; clones
+/// share connection, breaker, deny cache and local buckets (one per pod).
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    breaker: Breaker,
+    deny: DenyCache,
+    local: LocalBuckets,
+    layout: KeyLayout,
+    timeout: Duration,
+    pods: AtomicU64,
+    local_fallback: bool,
+    probe_interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+/// Configures a [`Limiter`]; see [`Limiter::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LimiterBuilder {
+    target: Target,
+    timeout: Duration,
+    connect_timeout: Duration,
+    pods: u64,
+    local_fallback: bool,
+    breaker_threshold: u32,
+    probe_interval: Duration,
+    deny_cache_capacity: usize,
+    local_capacity: usize,
+    layout: KeyLayout,
+    force_script: bool,
+}
+
+impl LimiterBuilder {
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            timeout: Duration::from_millis(5),
+            connect_timeout: Duration::from_secs(1),
+            pods: 1,
+            local_fallback: true,
+            breaker_threshold: 5,
+            probe_interval: Duration::from_secs(2),
+            deny_cache_capacity: 100_000,
+            local_capacity: 100_000,
+            layout: KeyLayout::default(),
+            force_script: false,
+        }
+    }
+
+    /// Longest wait for the store per check (default 5 ms); past it the fail mode answers.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Longest wait for a (re)connection, in the background (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many pods share the limits (default 1): while the store cannot be asked, each
+    /// pod admits limit ÷ pods locally. Can be changed later with [`Limiter::set_pods`].
+    pub fn pods(mut self, pods: u64) -> Self {
+        self.pods = pods.max(1);
+        self
+    }
+
+    /// Turns the local fallback off: fail-open policies then admit everything while the
+    /// store cannot be asked.
+    pub fn without_local_fallback(mut self) -> Self {
+        self.local_fallback = false;
+        self
+    }
+
+    /// Consecutive transport failures that open the circuit breaker (default 5).
+    pub fn breaker_threshold(mut self, failures: u32) -> Self {
+        self.breaker_threshold = failures;
+        self
+    }
+
+    /// How often an open breaker lets one probe through (default 2 s); also the
+    /// Retry-After of fail-closed refusals.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// Most exhausted buckets remembered in-process (default 100 000; 0 turns it off).
+    pub fn deny_cache_capacity(mut self, entries: usize) -> Self {
+        self.deny_cache_capacity = entries;
+        self
+    }
+
+    /// Most local fallback buckets (default 100 000).
+    pub fn local_capacity(mut self, entries: usize) -> Self {
+        self.local_capacity = entries;
+        self
+    }
+
+    /// Key prefix and subject-hash seed (default `rl`, 0); see [`KeyLayout`].
+    pub fn key_layout(mut self, layout: KeyLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Uses the Lua script even where the module is loaded (it is also chosen by itself
+    /// when the server does not know `RL.CHECKALL`).
+    pub fn force_script(mut self, yes: bool) -> Self {
+        self.force_script = yes;
+        self
+    }
+
+    /// Builds the limiter. Does not wait for the store: a pod starting while Redis is down
+    /// still answers, through its fail modes. Must be called within a Tokio runtime.
+    pub fn build(self) -> Result<Limiter, Error> {
+        let store = match self.target {
+            Target::Single(url) => Store::single(&url, self.connect_timeout, self.force_script),
+            Target::Cluster(urls) => Store::cluster(
+                urls,
+                self.connect_timeout,
+                self.probe_interval,
+                self.force_script,
+            ),
+        }
+        .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store,
+                breaker: Breaker::new(self.breaker_threshold, self.probe_interval),
+                deny: DenyCache::new(self.deny_cache_capacity),
+                local: LocalBuckets::new(self.local_capacity),
+                layout: self.layout,
+                timeout: self.timeout,
+                pods: AtomicU64::new(self.pods),
+                local_fallback: self.local_fallback,
+                probe_interval: self.probe_interval,
+            }),
+        })
+    }
+}
+
+/// One policy of a request, planned: its bucket key and cost.
+struct Planned<'a> {
+    policy: &'a Policy,
+    cost: u64,
+    key: String,
+    /// For a sharded policy, the unsharded key: the local fallback keeps one bucket per
+    /// policy, not per sub-bucket.
+    whole_key: Option<String>,
+}
+
+impl Limiter {
+    /// A limiter on one server, e.g. `redis://127.0.0.1:6379`.
+    pub fn builder(url: impl Into<String>) -> LimiterBuilder {
+        LimiterBuilder::new(Target::Single(url.into()))
+    }
+
+    /// A limiter on a Redis / Valkey Cluster, reached through any of `urls`.
+    pub fn cluster_builder(urls: impl IntoIterator<Item = impl Into<String>>) -> LimiterBuilder {
+        LimiterBuilder::new(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// Sets the number of pods sharing the limits (for the local fallback share), e.g. as
+    /// learnt from live pods.
+    pub fn set_pods(&self, pods: u64) {
+        self.inner.pods.store(pods.max(1), Relaxed);
+    }
+
+    /// Whether the circuit breaker is currently keeping calls from the store.
+    pub fn breaker_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Entries in the deny cache.
+    pub fn deny_cache_len(&self) -> usize {
+        self.inner.deny.len()
+    }
+
+    /// Checks `cost` tokens of one policy for `subject` (an API key, a user id, an IP).
+    pub async fn check_one(
+        &self,
+        policy: &Policy,
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.check(subject, &[(policy, cost)]).await
+    }
+
+    /// Checks a request against several policies at once, each with its own cost: tokens
+    /// are taken from every bucket or from none (one `RL.CHECKALL`, the subject's buckets
+    /// sharing a hash tag).
+    ///
+    /// Sharded policies live on other slots and are checked after the others, only if those
+    /// passed: a refusal there leaves the others' tokens taken (it errs on the strict side).
+    ///
+    /// Returns an error only for bugs (an `ERR` reply); timeouts and transport failures are
+    /// answered by the policies' fail modes.
+    pub async fn check(&self, subject: &str, policies: &[(&Policy, u64)]) -> Result<Decision, Error> {
+        let started = Instant::now();
+        let d = self.decide(subject, policies).await;
+        if let Ok(d) = &d {
+            let source = d.source.as_str();
+            let allowed = if d.is_allowed() { "true" } else { "false" };
+            metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.name().to_owned()).increment(1);
+            metrics::histogram!("ratelimit_check_duration_seconds", "source" => source)
+                .record(started.elapsed().as_secs_f64());
+        }
+        d
+    }
+
+    async fn decide(&self, subject: &str, policies: &[(&Policy, u64)]) -> Result<Decision, Error> {
+        let inner = &self.inner;
+        if policies.is_empty() {
+            return Err(Error::Config("a check needs at least one policy".into()));
+        }
+        let tag = inner.layout.subject_tag(subject.as_bytes());
+        let planned: Vec<Planned<'_>> = policies
+            .iter()
+            .map(|&(policy, cost)| {
+                let whole = inner.layout.key(&tag, policy.name());
+                let (key, whole_key) = if policy.shards() > 1 {
+                    let shard = rand::random_range(0..policy.shards());
+                    let key = inner
+                        .layout
+                        .shard_key(&tag, policy.name(), shard, policy.shards());
+                    (key, Some(whole))
+                } else {
+                    (whole, None)
+                };
+                Planned {
+                    policy,
+                    cost,
+                    key,
+                    whole_key,
+                }
+            })
+            .collect();
+
+        let now = Instant::now();
+        if let Some(d) = self.from_deny_cache(&planned, now) {
+            return Ok(d);
+        }
+        if let Admission::Reject(probe_at) = inner.breaker.admit(now) {
+            return Ok(self.fallback(&planned, probe_at.saturating_duration_since(now)));
+        }
+        let asked = tokio::time::timeout(inner.timeout, self.ask_store(&planned)).await;
+        let result = asked.unwrap_or(Err(StoreError::Timeout));
+        match result {
+            Ok(replies) => {
+                if inner.breaker.on_success() {
+                    tracing::info!("ratelimit: store reachable again, breaker closed");
+                    metrics::gauge!("ratelimit_breaker_open").set(0.0);
+                }
+                Ok(self.from_store(&planned, &replies, now))
+            }
+            Err(e) if e.is_transient() => {
+                metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+                if inner.breaker.on_failure(Instant::now()) {
+                    tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
+                    metrics::gauge!("ratelimit_breaker_open").set(1.0);
+                }
+                Ok(self.fallback(&planned, inner.probe_interval))
+            }
+            Err(e) => {
+                metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+                // The store answered: it is up, whatever the answer.
+                inner.breaker.on_success();
+                Err(match e {
+                    StoreError::Server(e) => Error::Server(e),
+                    other => Error::Protocol(other.to_string()),
+                })
+            }
+        }
+    }
+
+    fn from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
+        let hit = planned.iter().any(|p| self.inner.deny.get(&p.key, p.cost, now).is_some());
+        if !hit {
+            return None;
+        }
+        let outcomes = planned
+            .iter()
+            .map(|p| match self.inner.deny.get(&p.key, p.cost, now) {
+                Some(hit) => PolicyOutcome {
+                    policy: p.policy.clone(),
+                    verdict: Verdict::Denied {
+                        retry_after: hit.retry_after,
+                    },
+                    remaining: 0,
+                    reset_after: hit.reset_after,
+                },
+                // Unknown without a round trip; this request is refused anyway.
+                None => PolicyOutcome {
+                    policy: p.policy.clone(),
+                    verdict: Verdict::Allowed,
+                    remaining: p.policy.burst(),
+                    reset_after: Duration::ZERO,
+                },
+            })
+            .collect();
+        Decision::from_outcomes(outcomes, Source::DenyCache)
+    }
+
+    /// One `RL.CHECKALL` for the subject's own buckets, then one per sharded policy (a
+    /// peek when the first was refused, so nothing is taken from them).
+    async fn ask_store(&self, planned: &[Planned<'_>]) -> Result<Vec<Reply>, StoreError> {
+        fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
+            Item {
+                key: &p.key,
+                rate: p.policy.bucket_rate(),
+                burst: p.policy.bucket_limit().burst(),
+                cost,
+            }
+        }
+        let main: Vec<Item<'_>> = planned
+            .iter()
+            .filter(|p| p.policy.shards() == 1)
+            .map(|p| item(p, p.cost))
+            .collect();
+        let mut main_replies = if main.is_empty() {
+            Vec::new()
+        } else {
+            self.inner.store.check_all(&main).await?
+        }
+        .into_iter();
+        let mut passed = main_replies.as_slice().iter().all(|r| r[0] == 1);
+        let mut replies = Vec::with_capacity(planned.len());
+        for p in planned {
+            if p.policy.shards() == 1 {
+                let r = main_replies
+                    .next()
+                    .ok_or_else(|| StoreError::Protocol("missing reply".into()))?;
+                replies.push(r);
+            } else {
+                let cost = if passed { p.cost } else { 0 };
+                let r = self.inner.store.check_all(&[item(p, cost)]).await?;
+                let r = r
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| StoreError::Protocol("missing reply".into()))?;
+                passed &= r[0] == 1;
+                replies.push(r);
+            }
+        }
+        Ok(replies)
+    }
+
+    fn from_store(&self, planned: &[Planned<'_>], replies: &[Reply], now: Instant) -> Decision {
+        let outcomes: Vec<PolicyOutcome> = planned
+            .iter()
+            .zip(replies)
+            .map(|(p, &[allowed, remaining, retry_ms, reset_ms])| {
+                let reset_after = Duration::from_millis(reset_ms.max(0) as u64);
+                let verdict = match (allowed, retry_ms) {
+                    (1, _) => Verdict::Allowed,
+                    (_, r) if r < 0 => Verdict::ExceedsBurst,
+                    (_, r) => Verdict::Denied {
+                        retry_after: Duration::from_millis(r as u64),
+                    },
+                };
+                if let Verdict::Denied { retry_after } = verdict {
+                    self.inner
+                        .deny
+                        .insert(&p.key, p.cost, now, retry_after, reset_after);
+                }
+                // A sub-bucket holds 1/shards of the policy: scale back for reporting.
+                let remaining = remaining.max(0) as u64 * u64::from(p.policy.shards());
+                PolicyOutcome {
+                    policy: p.policy.clone(),
+                    verdict,
+                    remaining,
+                    reset_after,
+                }
+            })
+            .collect();
+        Decision::from_outcomes(outcomes, Source::Store).unwrap_or_else(|| unreachable_empty())
+    }
+
+    /// The store cannot be asked: fail-closed policies refuse; otherwise the local bucket
+    /// (limit ÷ pods) answers, or everything is admitted if local fallback is off.
+    fn fallback(&self, planned: &[Planned<'_>], retry_hint: Duration) -> Decision {
+        let inner = &self.inner;
+        let closed = planned
+            .iter()
+            .any(|p| p.policy.fail_mode() == FailMode::Closed);
+        let outcome = |p: &Planned<'_>, verdict, remaining, reset_after| PolicyOutcome {
+            policy: p.policy.clone(),
+            verdict,
+            remaining,
+            reset_after,
+        };
+        let (source, outcomes) = if closed {
+            // Whole seconds, at least one: what a Retry-After header can say.
+            let retry_after = Duration::from_secs(retry_hint.as_secs_f64().ceil().max(1.0) as u64);
+            let outcomes = planned
+                .iter()
+                .map(|p| {
+                    let verdict = match p.policy.fail_mode() {
+                        FailMode::Closed => Verdict::Denied { retry_after },
+                        FailMode::Open => Verdict::Allowed,
+                    };
+                    outcome(p, verdict, 0, Duration::ZERO)
+                })
+                .collect();
+            (Source::FailClosed, outcomes)
+        } else if inner.local_fallback {
+            let pods = inner.pods.load(Relaxed);
+            let items: Vec<(&str, Limit, u64)> = planned
+                .iter()
+                .map(|p| {
+                    let share = p.policy.limit().split(pods).unwrap_or(*p.policy.limit());
+                    (p.whole_key.as_deref().unwrap_or(&p.key), share, p.cost)
+                })
+                .collect();
+            let (_, decisions) = inner.local.check(&items, now_ticks());
+            let outcomes = planned
+                .iter()
+                .zip(decisions)
+                .map(|(p, d)| {
+                    let verdict = match (d.allowed, d.retry_after_ms) {
+                        (true, _) => Verdict::Allowed,
+                        (false, None) => Verdict::ExceedsBurst,
+                        (false, Some(ms)) => Verdict::Denied {
+                            retry_after: Duration::from_millis(ms),
+                        },
+                    };
+                    outcome(p, verdict, d.remaining, Duration::from_millis(d.reset_after_ms))
+                })
+                .collect();
+            (Source::LocalFallback, outcomes)
+        } else {
+            let outcomes = planned
+                .iter()
+                .map(|p| outcome(p, Verdict::Allowed, p.policy.burst(), Duration::ZERO))
+                .collect();
+            (Source::FailOpen, outcomes)
+        };
+        Decision::from_outcomes(outcomes, source).unwrap_or_else(|| unreachable_empty())
+    }
+}
+
+fn now_ticks() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, ticks_since_epoch)
+}
+
+#[cold]
+fn unreachable_empty() -> Decision {
+    // `decide` refuses an empty policy list before planning anything.
+    unreachable!("a decision over no policies")
+}

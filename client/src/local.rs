@@ -1,0 +1,99 @@
+//! The per-pod fallback: while the store cannot be asked, fail-open policies are checked
+//! against local buckets at limit ÷ pod count, with the same core math as the module, so N
+//! pods together still admit about the global limit rather than N times it.
+//!
+//! Bounded: at most `capacity` buckets. Full buckets carry no state and are dropped first;
+//! if every bucket is active, a new subject is checked against a fresh bucket that is not
+//! kept (counted in `ratelimit_local_overflow_total`).
+
+use redis_ratelimit_core::{check_all, Check, Decision, Limit};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct LocalBuckets {
+    tats: Mutex<HashMap<Box<str>, u64>>,
+    capacity: usize,
+}
+
+impl LocalBuckets {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            tats: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// Checks `(key, limit, cost)` all-or-nothing at `now` (ticks), as `RL.CHECKALL` would.
+    pub(crate) fn check(&self, items: &[(&str, Limit, u64)], now: u64) -> (bool, Vec<Decision>) {
+        let mut map = self.tats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys: Vec<&str> = Vec::with_capacity(items.len());
+        let mut checks = Vec::with_capacity(items.len());
+        for &(key, limit, cost) in items {
+            let bucket = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                keys.len() - 1
+            });
+            checks.push(Check {
+                limit,
+                cost,
+                bucket,
+            });
+        }
+        let mut tats: Vec<u64> = keys
+            .iter()
+            .map(|k| map.get(*k).copied().unwrap_or(0))
+            .collect();
+        let before = tats.clone();
+        let (all, decisions) = check_all(&checks, &mut tats, now);
+        for ((key, tat), old) in keys.iter().zip(tats).zip(before) {
+            if tat == old {
+                continue;
+            }
+            if map.len() >= self.capacity && !map.contains_key(*key) {
+                map.retain(|_, t| *t > now);
+                if map.len() >= self.capacity {
+                    metrics::counter!("ratelimit_local_overflow_total").increment(1);
+                    continue;
+                }
+            }
+            map.insert((*key).into(), tat);
+        }
+        (all, decisions)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.tats.lock().map_or(0, |m| m.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis_ratelimit_core::TICKS_PER_SECOND;
+
+    #[test]
+    fn admits_the_pod_share_then_refuses() {
+        let local = LocalBuckets::new(10);
+        // 100/min burst 20 over 4 pods: 5 per pod at once.
+        let share = Limit::new(100.0 / 60.0, 20).unwrap().split(4).unwrap();
+        let now = 1_700_000_000 * TICKS_PER_SECOND;
+        let admitted = (0..10)
+            .filter(|_| local.check(&[("k", share, 1)], now).0)
+            .count();
+        assert_eq!(admitted, 5);
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let local = LocalBuckets::new(100);
+        let l = Limit::new(1.0, 5).unwrap();
+        let now = 1_700_000_000 * TICKS_PER_SECOND;
+        for i in 0..10_000 {
+            assert!(local.check(&[(&format!("k{i}"), l, 1)], now).0);
+        }
+        assert!(local.len() <= 100);
+    }
+}

@@ -1,0 +1,268 @@
+//! Policies: "100 per minute, burst 20", with a name, a fail mode and optional sharding.
+
+use crate::Error;
+use redis_ratelimit_core::Limit;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a policy answers when the store cannot be asked (timeout, connection lost, breaker
+/// open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Admit the request, counted in a metric, within a per-pod local bucket at
+    /// limit ÷ pod count. For ordinary API limits: the limiter must not become the outage.
+    #[default]
+    Open,
+    /// Refuse the request with a Retry-After. For limits that guard money or safety
+    /// (login attempts, OTP sends), where an unchecked request costs more than a refused one.
+    Closed,
+}
+
+/// A named limit, cheap to clone.
+///
+/// ```
+/// use redis_ratelimit_client::Policy;
+/// let api = Policy::builder("api").per_minute(100).burst(20).build().unwrap();
+/// let login = Policy::builder("login").per_minute(5).burst(5).fail_closed().build().unwrap();
+/// assert_eq!(api.burst(), 20);
+/// assert_eq!(login.name(), "login");
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct Policy(Arc<Inner>);
+
+#[derive(PartialEq)]
+struct Inner {
+    name: String,
+    count: u64,
+    period: Duration,
+    burst: u64,
+    fail_mode: FailMode,
+    shards: u32,
+    /// `count / period` as sent to the server (shortest text that parses back exactly).
+    rate: f64,
+    limit: Limit,
+    /// One sub-bucket's rate and limit when sharded (`rate / shards`, `burst / shards`).
+    shard_rate: f64,
+    shard_limit: Limit,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.0.name)
+            .field("count", &self.0.count)
+            .field("period", &self.0.period)
+            .field("burst", &self.0.burst)
+            .field("fail_mode", &self.0.fail_mode)
+            .field("shards", &self.0.shards)
+            .finish()
+    }
+}
+
+impl Policy {
+    /// Starts a policy named `name`: a short identifier (`[A-Za-z0-9_.-]`, at most 32
+    /// bytes) that becomes part of every bucket key.
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder {
+            name: name.into(),
+            count: 0,
+            period: Duration::ZERO,
+            burst: None,
+            fail_mode: FailMode::Open,
+            shards: 1,
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Tokens per period ("100" of "100 per minute").
+    pub fn count(&self) -> u64 {
+        self.0.count
+    }
+
+    /// The period ("minute" of "100 per minute").
+    pub fn period(&self) -> Duration {
+        self.0.period
+    }
+
+    /// Capacity: the most tokens available at once.
+    pub fn burst(&self) -> u64 {
+        self.0.burst
+    }
+
+    /// Refill rate in tokens per second.
+    pub fn rate(&self) -> f64 {
+        self.0.rate
+    }
+
+    /// What happens when the store cannot be asked.
+    pub fn fail_mode(&self) -> FailMode {
+        self.0.fail_mode
+    }
+
+    /// Number of sub-buckets the policy is split into (1: not split).
+    pub fn shards(&self) -> u32 {
+        self.0.shards
+    }
+
+    /// The whole policy's limit, as the core checks it.
+    pub fn limit(&self) -> &Limit {
+        &self.0.limit
+    }
+
+    pub(crate) fn bucket_rate(&self) -> f64 {
+        self.0.shard_rate
+    }
+
+    pub(crate) fn bucket_limit(&self) -> &Limit {
+        &self.0.shard_limit
+    }
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PolicyBuilder {
+    name: String,
+    count: u64,
+    period: Duration,
+    burst: Option<u64>,
+    fail_mode: FailMode,
+    shards: u32,
+}
+
+impl PolicyBuilder {
+    /// `count` tokens per `period`.
+    pub fn per(mut self, count: u64, period: Duration) -> Self {
+        self.count = count;
+        self.period = period;
+        self
+    }
+
+    /// `count` per second.
+    pub fn per_second(self, count: u64) -> Self {
+        self.per(count, Duration::from_secs(1))
+    }
+
+    /// `count` per minute.
+    pub fn per_minute(self, count: u64) -> Self {
+        self.per(count, Duration::from_secs(60))
+    }
+
+    /// `count` per hour.
+    pub fn per_hour(self, count: u64) -> Self {
+        self.per(count, Duration::from_secs(3600))
+    }
+
+    /// Capacity (default: `count`).
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Refuse requests when the store cannot be asked (see [`FailMode::Closed`]).
+    pub fn fail_closed(mut self) -> Self {
+        self.fail_mode = FailMode::Closed;
+        self
+    }
+
+    /// Sets the fail mode.
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// Splits one subject's bucket into `n` sub-buckets, each with `rate / n` and
+    /// `burst / n`, on different cluster slots; each request takes from one chosen at random.
+    /// For hot keys that would otherwise load one node. Not atomic with the request's other
+    /// policies (see [`Limiter::check`](crate::Limiter::check)).
+    pub fn shards(mut self, n: u32) -> Self {
+        self.shards = n;
+        self
+    }
+
+    /// Validates and builds the policy.
+    pub fn build(self) -> Result<Policy, Error> {
+        let name = self.name.clone();
+        let invalid = move |why: String| Error::InvalidPolicy(format!("{name}: {why}"));
+        let bad = |why: String| Err(invalid(why));
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 32
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !name_ok {
+            return bad("name must be 1-32 characters of [A-Za-z0-9_.-]".into());
+        }
+        if self.count == 0 || self.period.is_zero() {
+            return bad("needs a count and a period, e.g. .per_minute(100)".into());
+        }
+        if !(1..=64).contains(&self.shards) {
+            return bad("shards must be within 1..=64".into());
+        }
+        let burst = self.burst.unwrap_or(self.count);
+        let rate = self.count as f64 / self.period.as_secs_f64();
+        let limit = Limit::new(rate, burst).map_err(|e| invalid(e.to_string()))?;
+        let shards = u64::from(self.shards);
+        if burst < shards {
+            return bad(format!("burst {burst} cannot be split into {shards} shards"));
+        }
+        let shard_rate = rate / shards as f64;
+        let shard_limit =
+            Limit::new(shard_rate, burst / shards).map_err(|e| invalid(e.to_string()))?;
+        Ok(Policy(Arc::new(Inner {
+            name: self.name,
+            count: self.count,
+            period: self.period,
+            burst,
+            fail_mode: self.fail_mode,
+            shards: self.shards,
+            rate,
+            limit,
+            shard_rate,
+            shard_limit,
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_like_people_say_it() {
+        let p = Policy::builder("api").per_minute(100).burst(20).build().unwrap();
+        assert_eq!(p.rate(), 100.0 / 60.0);
+        assert_eq!(p.limit().interval_ticks(), 6_000_000);
+        assert_eq!(p.fail_mode(), FailMode::Open);
+        assert_eq!(Policy::builder("x").per_second(5).build().unwrap().burst(), 5);
+    }
+
+    #[test]
+    fn invalid_policies_are_refused() {
+        for b in [
+            Policy::builder("").per_second(1),
+            Policy::builder("a{b}").per_second(1),
+            Policy::builder("a:b").per_second(1),
+            Policy::builder("x".repeat(33)).per_second(1),
+            Policy::builder("nocount"),
+            Policy::builder("zero").per_second(1).burst(0),
+            Policy::builder("shards").per_second(100).shards(0),
+            Policy::builder("shards").per_second(100).burst(3).shards(4),
+        ] {
+            assert!(matches!(b.build(), Err(Error::InvalidPolicy(_))));
+        }
+    }
+
+    #[test]
+    fn shards_divide_rate_and_burst() {
+        let p = Policy::builder("hot").per_second(1000).burst(100).shards(4).build().unwrap();
+        assert_eq!(p.bucket_rate(), 250.0);
+        assert_eq!(p.bucket_limit().burst(), 25);
+    }
+}

@@ -1,0 +1,195 @@
+//! The store: one Redis/Valkey server or a cluster, asked with `RL.CHECKALL`, or with the
+//! equivalent Lua script where the module is not loaded.
+
+use crate::error::StoreError;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// One limit of a store call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) rate: f64,
+    pub(crate) burst: u64,
+    pub(crate) cost: u64,
+}
+
+/// One `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+pub(crate) type Reply = [i64; 4];
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// See the module docs.
+pub(crate) struct Store {
+    /// Set once connected: at once for a single server (the manager connects lazily and
+    /// reconnects by itself), by a background task for a cluster.
+    conn: Arc<OnceLock<Conn>>,
+    script: Script,
+    use_script: AtomicBool,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("connected", &self.conn.get().is_some())
+            .field("use_script", &self.use_script.load(Relaxed))
+            .finish()
+    }
+}
+
+/// The Lua equivalent of `RL.CHECKALL`.
+pub(crate) const CHECKALL_LUA: &str = include_str!("checkall.lua");
+
+impl Store {
+    fn new(force_script: bool) -> Self {
+        Self {
+            conn: Arc::new(OnceLock::new()),
+            script: Script::new(CHECKALL_LUA),
+            use_script: AtomicBool::new(force_script),
+        }
+    }
+
+    /// A single server. Connects on first use and reconnects by itself; retries are left to
+    /// the breaker, so a dead server costs each call no more than the connect timeout.
+    pub(crate) fn single(
+        url: &str,
+        connect_timeout: Duration,
+        force_script: bool,
+    ) -> redis::RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None)
+            .set_number_of_retries(1)
+            .set_max_delay(connect_timeout);
+        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+        let store = Self::new(force_script);
+        let _ = store.conn.set(Conn::Single(manager));
+        Ok(store)
+    }
+
+    /// A cluster, reached through any of `urls`. The first connection is made in the
+    /// background, retried every `retry`: until then calls fail as transport errors and
+    /// are answered by the fail mode.
+    pub(crate) fn cluster(
+        urls: Vec<String>,
+        connect_timeout: Duration,
+        retry: Duration,
+        force_script: bool,
+    ) -> redis::RedisResult<Self> {
+        let client = redis::cluster::ClusterClient::builder(urls)
+            .connection_timeout(connect_timeout)
+            .retries(1)
+            .build()?;
+        let store = Self::new(force_script);
+        let slot = Arc::downgrade(&store.conn);
+        tokio::spawn(async move {
+            loop {
+                match client.get_async_connection().await {
+                    Ok(c) => {
+                        if let Some(slot) = slot.upgrade() {
+                            let _ = slot.set(Conn::Cluster(c));
+                        }
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ratelimit: cluster not reachable yet"),
+                }
+                if slot.strong_count() == 0 {
+                    return;
+                }
+                tokio::time::sleep(retry).await;
+            }
+        });
+        Ok(store)
+    }
+
+    /// Checks `items` atomically (all keys must share a slot).
+    pub(crate) async fn check_all(&self, items: &[Item<'_>]) -> Result<Vec<Reply>, StoreError> {
+        let mut conn = self.conn.get().cloned().ok_or_else(|| {
+            StoreError::Transport(redis::RedisError::from((
+                redis::ErrorKind::ClusterConnectionNotFound,
+                "not connected yet",
+            )))
+        })?;
+        let rates: Vec<String> = items.iter().map(|i| i.rate.to_string()).collect();
+        if !self.use_script.load(Relaxed) {
+            let mut cmd = redis::cmd("RL.CHECKALL");
+            for (i, rate) in items.iter().zip(&rates) {
+                cmd.arg(i.key).arg(rate).arg(i.burst).arg(i.cost);
+            }
+            match cmd.query_async::<Vec<Reply>>(&mut conn).await {
+                Ok(r) => return check_len(r, items.len()),
+                Err(e) if is_unknown_command(&e) => {
+                    // Managed servers cannot load modules: same semantics, same keys, by script.
+                    if !self.use_script.swap(true, Relaxed) {
+                        tracing::warn!("ratelimit: RL.CHECKALL unknown, using the Lua script");
+                        metrics::counter!("ratelimit_script_fallback_total").increment(1);
+                    }
+                }
+                Err(e) => return Err(StoreError::from_redis(e)),
+            }
+        }
+        let mut invocation = self.script.prepare_invoke();
+        for (i, rate) in items.iter().zip(&rates) {
+            invocation.key(i.key).arg(rate).arg(i.burst).arg(i.cost);
+        }
+        let r = invocation
+            .invoke_async::<Vec<Reply>>(&mut conn)
+            .await
+            .map_err(StoreError::from_redis)?;
+        check_len(r, items.len())
+    }
+}
+
+fn check_len(r: Vec<Reply>, want: usize) -> Result<Vec<Reply>, StoreError> {
+    if r.len() == want {
+        Ok(r)
+    } else {
+        Err(StoreError::Protocol(format!(
+            "{} replies for {want} limits",
+            r.len()
+        )))
+    }
+}
+
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
+}
