@@ -20,11 +20,17 @@ pub(crate) enum Admission {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
     /// A probe is out since `since`; if it never reports back (its caller was cancelled),
     /// another is let through after a probe interval.
-    HalfOpen { since: Instant },
+    HalfOpen {
+        since: Instant,
+    },
 }
 
 /// A circuit breaker, with time passed in.
@@ -116,7 +122,10 @@ mod tests {
         assert_eq!(b.admit(t0), Admission::Reject(t0 + Duration::from_secs(2)));
         let t1 = t0 + Duration::from_secs(2);
         assert_eq!(b.admit(t1), Admission::Probe);
-        assert!(matches!(b.admit(t1), Admission::Reject(_)), "one probe at a time");
+        assert!(
+            matches!(b.admit(t1), Admission::Reject(_)),
+            "one probe at a time"
+        );
         assert!(b.on_failure(t1), "a failed probe reopens");
         let t2 = t1 + Duration::from_secs(2);
         assert_eq!(b.admit(t2), Admission::Probe);

@@ -115,14 +115,19 @@ mod tests {
         let huge = l.subject_tag(&vec![b'x'; 1 << 20]);
         assert_eq!(huge.len(), 11);
         assert_ne!(l.subject_tag(b"a"), l.subject_tag(b"b"));
-        assert_ne!(KeyLayout::new("rl", 1).subject_tag(b"a"), l.subject_tag(b"a"));
+        assert_ne!(
+            KeyLayout::new("rl", 1).subject_tag(b"a"),
+            l.subject_tag(b"a")
+        );
     }
 
     #[test]
     fn shard_keys_are_on_distinct_slots_and_stable() {
         let l = KeyLayout::default();
         let tag = l.subject_tag(b"tenant-7");
-        let keys: Vec<String> = (0..16).map(|i| l.shard_key(&tag, "search", i, 16)).collect();
+        let keys: Vec<String> = (0..16)
+            .map(|i| l.shard_key(&tag, "search", i, 16))
+            .collect();
         let mut slots: Vec<u16> = keys.iter().map(|k| slot(k.as_bytes())).collect();
         slots.sort_unstable();
         slots.dedup();

@@ -221,7 +221,11 @@ impl Limiter {
     ///
     /// Returns an error only for bugs (an `ERR` reply); timeouts and transport failures are
     /// answered by the policies' fail modes.
-    pub async fn check(&self, subject: &str, policies: &[(&Policy, u64)]) -> Result<Decision, Error> {
+    pub async fn check(
+        &self,
+        subject: &str,
+        policies: &[(&Policy, u64)],
+    ) -> Result<Decision, Error> {
         let started = Instant::now();
         let d = self.decide(subject, policies).await;
         if let Ok(d) = &d {
@@ -300,7 +304,9 @@ impl Limiter {
     }
 
     fn from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
-        let hit = planned.iter().any(|p| self.inner.deny.get(&p.key, p.cost, now).is_some());
+        let hit = planned
+            .iter()
+            .any(|p| self.inner.deny.get(&p.key, p.cost, now).is_some());
         if !hit {
             return None;
         }
@@ -450,7 +456,12 @@ impl Limiter {
                             retry_after: Duration::from_millis(ms),
                         },
                     };
-                    outcome(p, verdict, d.remaining, Duration::from_millis(d.reset_after_ms))
+                    outcome(
+                        p,
+                        verdict,
+                        d.remaining,
+                        Duration::from_millis(d.reset_after_ms),
+                    )
                 })
                 .collect();
             (Source::LocalFallback, outcomes)

@@ -210,7 +210,9 @@ impl PolicyBuilder {
         let limit = Limit::new(rate, burst).map_err(|e| invalid(e.to_string()))?;
         let shards = u64::from(self.shards);
         if burst < shards {
-            return bad(format!("burst {burst} cannot be split into {shards} shards"));
+            return bad(format!(
+                "burst {burst} cannot be split into {shards} shards"
+            ));
         }
         let shard_rate = rate / shards as f64;
         let shard_limit =
@@ -236,11 +238,18 @@ mod tests {
 
     #[test]
     fn reads_like_people_say_it() {
-        let p = Policy::builder("api").per_minute(100).burst(20).build().unwrap();
+        let p = Policy::builder("api")
+            .per_minute(100)
+            .burst(20)
+            .build()
+            .unwrap();
         assert_eq!(p.rate(), 100.0 / 60.0);
         assert_eq!(p.limit().interval_ticks(), 6_000_000);
         assert_eq!(p.fail_mode(), FailMode::Open);
-        assert_eq!(Policy::builder("x").per_second(5).build().unwrap().burst(), 5);
+        assert_eq!(
+            Policy::builder("x").per_second(5).build().unwrap().burst(),
+            5
+        );
     }
 
     #[test]
@@ -261,7 +270,12 @@ mod tests {
 
     #[test]
     fn shards_divide_rate_and_burst() {
-        let p = Policy::builder("hot").per_second(1000).burst(100).shards(4).build().unwrap();
+        let p = Policy::builder("hot")
+            .per_second(1000)
+            .burst(100)
+            .shards(4)
+            .build()
+            .unwrap();
         assert_eq!(p.bucket_rate(), 250.0);
         assert_eq!(p.bucket_limit().burst(), 25);
     }

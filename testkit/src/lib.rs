@@ -50,12 +50,24 @@ pub fn module_path() -> PathBuf {
     path
 }
 
+fn spawn(flavor: Flavor, args: &[String], dir: &Path) -> Child {
+    Command::new(flavor.binary())
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", flavor.binary()))
+}
+
 /// A server process owned by a test.
 #[derive(Debug)]
 pub struct Server {
     pub flavor: Flavor,
     pub port: u16,
     pub dir: PathBuf,
+    args: Vec<String>,
     child: Child,
 }
 
@@ -107,22 +119,30 @@ impl Server {
             args.push(module_path().display().to_string());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(flavor.binary())
-            .args(&args)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", flavor.binary()));
+        let child = spawn(flavor, &args, &dir);
         let server = Server {
             flavor,
             port,
             dir,
+            args,
             child,
         };
         server.wait_ready();
         server
+    }
+
+    /// Kills the server (`kill -9`) and starts it again on the same port and directory.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.flavor, &self.args, &self.dir);
+        self.wait_ready();
+    }
+
+    /// Kills the server (`kill -9`) and reaps it; [`Server::restart`] brings it back.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     fn wait_ready(&self) {
@@ -353,4 +373,40 @@ pub fn start_cluster(flavor: Flavor) -> Vec<Server> {
         assert!(ok, "{flavor:?}: cluster did not converge");
     }
     nodes
+}
+
+/// `calls=` of a command in `INFO commandstats` (0 if never called).
+pub fn command_calls(c: &mut Connection, command: &str) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(c)
+        .expect("INFO");
+    let prefix = format!("cmdstat_{}:calls=", command.to_lowercase());
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The servers a client behaviour test runs on: each flavor with the module (`RL.CHECKALL`)
+/// and without it (the client's Lua script), or the external `REDIS_URL` server alone.
+pub fn backends(test: &str) -> Vec<Target> {
+    if std::env::var("REDIS_URL").is_ok() {
+        return targets(test);
+    }
+    let mut all = Vec::new();
+    for f in Flavor::ALL {
+        for with_module in [true, false] {
+            let s = Server::start_with(f, with_module, &[]);
+            let how = if with_module { "module" } else { "script" };
+            all.push(Target {
+                name: format!("{f:?}/{how}"),
+                url: s.url(),
+                prefix: format!("{test}:"),
+                _server: Some(s),
+            });
+        }
+    }
+    all
 }

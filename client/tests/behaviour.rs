@@ -1,0 +1,286 @@
+//! The limiter against real servers: each flavor with the module, and without it (the Lua
+//! script takes over by itself). The same assertions hold on every backend.
+
+use redis_ratelimit_client::{Error, KeyLayout, Limiter, Policy, Source, Verdict};
+use redis_ratelimit_testkit::*;
+use std::time::Duration;
+
+fn limiter(t: &Target) -> Limiter {
+    Limiter::builder(t.url.as_str())
+        .timeout(Duration::from_millis(500)) // generous: these tests are about semantics
+        .key_layout(layout(t))
+        .build()
+        .unwrap()
+}
+
+fn layout(t: &Target) -> KeyLayout {
+    KeyLayout::new(t.prefix.trim_end_matches(':'), 0)
+}
+
+fn slow(name: &str, burst: u64) -> Policy {
+    Policy::builder(name)
+        .per_hour(1)
+        .burst(burst)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_then_refusal_then_deny_cache() {
+    for t in backends("cburst") {
+        let l = limiter(&t);
+        let p = slow("api", 5);
+        for i in 0..5 {
+            let d = l.check_one(&p, "alice", 1).await.unwrap();
+            assert!(d.is_allowed(), "{}: check {i}", t.name);
+            assert_eq!(
+                (d.source, d.remaining),
+                (Source::Store, 4 - i),
+                "{}",
+                t.name
+            );
+        }
+        let d = l.check_one(&p, "alice", 1).await.unwrap();
+        assert_eq!(d.source, Source::Store, "{}", t.name);
+        let retry = d.retry_after().expect("denied");
+        assert!(retry > Duration::from_secs(3500), "{}: {retry:?}", t.name);
+        assert_eq!(d.policy.name(), "api");
+        let d = l.check_one(&p, "alice", 1).await.unwrap();
+        assert_eq!(d.source, Source::DenyCache, "{}", t.name);
+        assert!(!d.is_allowed());
+        // Another subject is untouched.
+        assert!(l.check_one(&p, "bob", 1).await.unwrap().is_allowed());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_retry_after_admits() {
+    for t in backends("cwait") {
+        let l = limiter(&t);
+        let p = Policy::builder("fast")
+            .per_second(20)
+            .burst(2)
+            .build()
+            .unwrap();
+        assert!(l.check_one(&p, "s", 2).await.unwrap().is_allowed());
+        let d = l.check_one(&p, "s", 1).await.unwrap();
+        let retry = d.retry_after().expect("denied");
+        assert!(retry <= Duration::from_millis(50), "{}: {retry:?}", t.name);
+        tokio::time::sleep(retry).await;
+        let d = l.check_one(&p, "s", 1).await.unwrap();
+        assert!(
+            d.is_allowed(),
+            "{}: refused after waiting {retry:?}: {d:?}",
+            t.name
+        );
+        assert_eq!(d.source, Source::Store);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_policies_are_all_or_nothing() {
+    for t in backends("cmulti") {
+        let l = limiter(&t);
+        let (api, route) = (slow("api", 10), slow("upload", 2));
+        for _ in 0..2 {
+            let d = l.check("k1", &[(&api, 1), (&route, 1)]).await.unwrap();
+            assert!(d.is_allowed(), "{}", t.name);
+        }
+        let d = l.check("k1", &[(&api, 1), (&route, 1)]).await.unwrap();
+        assert!(!d.is_allowed(), "{}", t.name);
+        assert_eq!(
+            d.policy.name(),
+            "upload",
+            "{}: the refusing policy decides",
+            t.name
+        );
+        assert_eq!(d.outcomes[0].verdict, Verdict::Allowed);
+        assert_eq!(
+            d.outcomes[0].remaining, 8,
+            "{}: nothing taken from api",
+            t.name
+        );
+        // api alone still has its 8 tokens.
+        let d = l.check_one(&api, "k1", 8).await.unwrap();
+        assert!(d.is_allowed(), "{}: {d:?}", t.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_cost_and_cost_above_burst() {
+    for t in backends("cweight") {
+        let l = limiter(&t);
+        let p = slow("llm", 5);
+        let d = l.check_one(&p, "w", 3).await.unwrap();
+        assert_eq!((d.is_allowed(), d.remaining), (true, 2), "{}", t.name);
+        let d = l.check_one(&p, "w", 6).await.unwrap();
+        assert_eq!(d.verdict, Verdict::ExceedsBurst, "{}", t.name);
+        let d = l.check_one(&p, "w", 3).await.unwrap();
+        assert!(d.retry_after().is_some(), "{}", t.name);
+        let d = l.check_one(&p, "w", 2).await.unwrap();
+        assert!(
+            d.is_allowed(),
+            "{}: a smaller cost is not refused by the cache",
+            t.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_replies_are_returned_and_do_not_trip_the_breaker() {
+    for t in backends("cerr") {
+        let l = Limiter::builder(t.url.as_str())
+            .timeout(Duration::from_millis(500))
+            .key_layout(layout(&t))
+            .breaker_threshold(1)
+            .build()
+            .unwrap();
+        let p = slow("api", 5);
+        let key = layout(&t).key(&layout(&t).subject_tag(b"mallory"), "api");
+        let mut c = t.conn();
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg("x")
+            .query(&mut c)
+            .unwrap();
+        for _ in 0..3 {
+            let e = l.check_one(&p, "mallory", 1).await.unwrap_err();
+            assert!(matches!(e, Error::Server(_)), "{}: {e}", t.name);
+            assert!(e.to_string().contains("WRONGTYPE"), "{}: {e}", t.name);
+        }
+        assert!(!l.breaker_open(), "{}", t.name);
+        let _: i64 = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("hello")
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+        let e = l.check_one(&p, "mallory", 1).await.unwrap_err();
+        assert!(
+            e.to_string().contains("not a rate-limit bucket"),
+            "{}: {e}",
+            t.name
+        );
+    }
+}
+
+/// Module and script on the same keys: a deployment can run both side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_and_script_share_buckets() {
+    if std::env::var("REDIS_URL").is_ok() {
+        return;
+    }
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let build = |script: bool| {
+            Limiter::builder(s.url())
+                .timeout(Duration::from_millis(500))
+                .deny_cache_capacity(0)
+                .force_script(script)
+                .build()
+                .unwrap()
+        };
+        let (module, script) = (build(false), build(true));
+        let p = slow("api", 5);
+        let mut seen = Vec::new();
+        for i in 0..7 {
+            let l = if i % 2 == 0 { &module } else { &script };
+            let d = l.check_one(&p, "shared", 1).await.unwrap();
+            seen.push((d.is_allowed(), d.remaining));
+        }
+        let want = [
+            (true, 4),
+            (true, 3),
+            (true, 2),
+            (true, 1),
+            (true, 0),
+            (false, 0),
+            (false, 0),
+        ];
+        assert_eq!(seen, want, "{flavor:?}");
+        let mut c = s.conn();
+        assert!(command_calls(&mut c, "evalsha") + command_calls(&mut c, "eval") > 0);
+        assert!(command_calls(&mut c, "rl.checkall") > 0);
+    }
+}
+
+/// The same sequence of requests, on a server with the module and on one without: the
+/// same decisions, field by field (times within the few ms the run takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_and_module_give_the_same_decisions() {
+    if std::env::var("REDIS_URL").is_ok() {
+        return;
+    }
+    for flavor in Flavor::ALL {
+        let with = Server::start(flavor);
+        let without = Server::start_with(flavor, false, &[]);
+        let build = |url: String| {
+            Limiter::builder(url)
+                .timeout(Duration::from_millis(500))
+                .deny_cache_capacity(0)
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(with.url()), build(without.url()));
+        let p1 = Policy::builder("p1")
+            .per_minute(7)
+            .burst(4)
+            .build()
+            .unwrap();
+        let p2 = Policy::builder("p2")
+            .per(3, Duration::from_secs(10))
+            .burst(6)
+            .build()
+            .unwrap();
+        let script: [(&str, u64, u64); 12] = [
+            ("x", 1, 1),
+            ("x", 2, 0),
+            ("x", 1, 3),
+            ("x", 1, 1),
+            ("x", 0, 0),
+            ("x", 5, 1),
+            ("y", 4, 6),
+            ("y", 0, 1),
+            ("x", 1, 1),
+            ("y", 1, 0),
+            ("x", 0, 7),
+            ("y", 0, 0),
+        ];
+        for (i, (subject, c1, c2)) in script.iter().enumerate() {
+            let req = [(&p1, *c1), (&p2, *c2)];
+            let (da, db) = (
+                a.check(subject, &req).await.unwrap(),
+                b.check(subject, &req).await.unwrap(),
+            );
+            for (oa, ob) in da.outcomes.iter().zip(&db.outcomes) {
+                let same_kind =
+                    std::mem::discriminant(&oa.verdict) == std::mem::discriminant(&ob.verdict);
+                assert!(same_kind, "{flavor:?} step {i}: {oa:?} vs {ob:?}");
+                assert_eq!(oa.remaining, ob.remaining, "{flavor:?} step {i}");
+                let near = |x: Duration, y: Duration| x.abs_diff(y) <= Duration::from_millis(50);
+                assert!(
+                    near(oa.reset_after, ob.reset_after),
+                    "{flavor:?} step {i}: {oa:?} vs {ob:?}"
+                );
+                if let (Verdict::Denied { retry_after: x }, Verdict::Denied { retry_after: y }) =
+                    (oa.verdict, ob.verdict)
+                {
+                    assert!(near(x, y), "{flavor:?} step {i}: {x:?} vs {y:?}");
+                }
+            }
+        }
+        // Same stored state too: the same keys, expiring at the same time.
+        let (mut ca, mut cb) = (with.conn(), without.conn());
+        let mut ka: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut ca).unwrap();
+        let mut kb: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut cb).unwrap();
+        ka.sort();
+        kb.sort();
+        assert_eq!(ka, kb, "{flavor:?}");
+        for k in &ka {
+            let (ea, eb) = (pexpiretime(&mut ca, k), pexpiretime(&mut cb, k));
+            assert!((ea - eb).abs() <= 50, "{flavor:?}: {k} {ea} vs {eb}");
+        }
+    }
+}
