@@ -182,6 +182,11 @@ impl Server {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a signal to the server process (`STOP`, `CONT`, `KILL`).
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
