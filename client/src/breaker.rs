@@ -115,7 +115,7 @@ mod tests {
         assert_eq!(b.admit(t0), Admission::Call);
         assert!(!b.on_failure(t0));
         assert!(!b.on_failure(t0));
-        assert!(b.on_success() == false, "a success resets the count");
+        assert!(!b.on_success(), "a success resets the count");
         assert!(!b.on_failure(t0));
         assert!(!b.on_failure(t0));
         assert!(b.on_failure(t0), "third consecutive failure opens");

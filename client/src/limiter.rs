@@ -267,7 +267,7 @@ impl Limiter {
             .collect();
 
         let now = Instant::now();
-        if let Some(d) = self.from_deny_cache(&planned, now) {
+        if let Some(d) = self.answer_from_deny_cache(&planned, now) {
             return Ok(d);
         }
         if let Admission::Reject(probe_at) = inner.breaker.admit(now) {
@@ -281,7 +281,7 @@ impl Limiter {
                     tracing::info!("ratelimit: store reachable again, breaker closed");
                     metrics::gauge!("ratelimit_breaker_open").set(0.0);
                 }
-                Ok(self.from_store(&planned, &replies, now))
+                Ok(self.answer_from_store(&planned, &replies, now))
             }
             Err(e) if e.is_transient() => {
                 metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
@@ -303,7 +303,7 @@ impl Limiter {
         }
     }
 
-    fn from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
+    fn answer_from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
         let hit = planned
             .iter()
             .any(|p| self.inner.deny.get(&p.key, p.cost, now).is_some());
@@ -339,7 +339,7 @@ impl Limiter {
         fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
             Item {
                 key: &p.key,
-                rate: p.policy.bucket_rate(),
+                rate: p.policy.bucket_rate_arg(),
                 burst: p.policy.bucket_limit().burst(),
                 cost,
             }
@@ -377,7 +377,12 @@ impl Limiter {
         Ok(replies)
     }
 
-    fn from_store(&self, planned: &[Planned<'_>], replies: &[Reply], now: Instant) -> Decision {
+    fn answer_from_store(
+        &self,
+        planned: &[Planned<'_>],
+        replies: &[Reply],
+        now: Instant,
+    ) -> Decision {
         let outcomes: Vec<PolicyOutcome> = planned
             .iter()
             .zip(replies)
@@ -405,7 +410,7 @@ impl Limiter {
                 }
             })
             .collect();
-        Decision::from_outcomes(outcomes, Source::Store).unwrap_or_else(|| unreachable_empty())
+        Decision::from_outcomes(outcomes, Source::Store).unwrap_or_else(unreachable_empty)
     }
 
     /// The store cannot be asked: fail-closed policies refuse; otherwise the local bucket
@@ -472,7 +477,7 @@ impl Limiter {
                 .collect();
             (Source::FailOpen, outcomes)
         };
-        Decision::from_outcomes(outcomes, source).unwrap_or_else(|| unreachable_empty())
+        Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
     }
 }
 

@@ -45,6 +45,8 @@ struct Inner {
     /// One sub-bucket's rate and limit when sharded (`rate / shards`, `burst / shards`).
     shard_rate: f64,
     shard_limit: Limit,
+    /// `shard_rate` as sent to the server: the shortest text that parses back exactly.
+    shard_rate_arg: String,
 }
 
 impl fmt::Debug for Policy {
@@ -114,8 +116,13 @@ impl Policy {
         &self.0.limit
     }
 
-    pub(crate) fn bucket_rate(&self) -> f64 {
+    #[cfg(test)]
+    fn bucket_rate(&self) -> f64 {
         self.0.shard_rate
+    }
+
+    pub(crate) fn bucket_rate_arg(&self) -> &str {
+        &self.0.shard_rate_arg
     }
 
     pub(crate) fn bucket_limit(&self) -> &Limit {
@@ -228,6 +235,7 @@ impl PolicyBuilder {
             limit,
             shard_rate,
             shard_limit,
+            shard_rate_arg: shard_rate.to_string(),
         })))
     }
 }

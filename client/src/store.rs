@@ -13,7 +13,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Item<'a> {
     pub(crate) key: &'a str,
-    pub(crate) rate: f64,
+    /// Tokens per second, as text that parses back to the policy's exact `f64`.
+    pub(crate) rate: &'a str,
     pub(crate) burst: u64,
     pub(crate) cost: u64,
 }
@@ -147,11 +148,10 @@ impl Store {
                 "not connected yet",
             )))
         })?;
-        let rates: Vec<String> = items.iter().map(|i| i.rate.to_string()).collect();
         if !self.use_script.load(Relaxed) {
             let mut cmd = redis::cmd("RL.CHECKALL");
-            for (i, rate) in items.iter().zip(&rates) {
-                cmd.arg(i.key).arg(rate).arg(i.burst).arg(i.cost);
+            for i in items {
+                cmd.arg(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
             }
             match cmd.query_async::<Vec<Reply>>(&mut conn).await {
                 Ok(r) => return check_len(r, items.len()),
@@ -166,8 +166,8 @@ impl Store {
             }
         }
         let mut invocation = self.script.prepare_invoke();
-        for (i, rate) in items.iter().zip(&rates) {
-            invocation.key(i.key).arg(rate).arg(i.burst).arg(i.cost);
+        for i in items {
+            invocation.key(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
         }
         let r = invocation
             .invoke_async::<Vec<Reply>>(&mut conn)
