@@ -45,6 +45,8 @@ mod breaker;
 mod decision;
 mod deny_cache;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 mod key;
 mod limiter;
 mod local;

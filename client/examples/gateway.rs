@@ -1,0 +1,50 @@
+//! A runnable gateway: the quickest way to see the whole system.
+//!
+//! ```text
+//! scripts/serve &        # Redis with the module on 127.0.0.1:6379
+//! cargo run --release -p redis-ratelimit-client --example gateway
+//! curl -i -H 'X-API-Key: k1' http://127.0.0.1:8080/api/hello
+//! ```
+//!
+//! - `GET /api/{anything}`: 100 per minute per `X-API-Key`, burst 20, fail-open.
+//! - `POST /login`: 5 per minute per `X-API-Key`, burst 5, fail-closed.
+//! - No `X-API-Key`: `401` problem+json.
+//!
+//! Environment: `LISTEN_ADDR` (default `127.0.0.1:8080`), `REDIS_URL` (default
+//! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1).
+
+use axum::extract::Path;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use redis_ratelimit_client::http::{RateLimitLayer, Route};
+use redis_ratelimit_client::{Limiter, Policy};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let listen = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let pods = std::env::var("PODS").ok().and_then(|p| p.parse().ok()).unwrap_or(1);
+
+    let limiter = Limiter::builder(redis.clone()).pods(pods).build()?;
+    let api = Policy::builder("api").per_minute(100).burst(20).build()?;
+    let login = Policy::builder("login").per_minute(5).burst(5).fail_closed().build()?;
+    let limits = RateLimitLayer::builder(limiter)
+        .route(Route::get("/api/").policy(api, 1))
+        .route(Route::post("/login").policy(login, 1))
+        .build();
+
+    let app = Router::new()
+        .route(
+            "/api/{*rest}",
+            get(|Path(rest): Path<String>| async move {
+                Json(serde_json::json!({ "ok": true, "path": format!("/api/{rest}") }))
+            }),
+        )
+        .route("/login", post(|| async { Json(serde_json::json!({ "ok": true })) }))
+        .layer(limits);
+
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    eprintln!("gateway: http://{listen} (limits in {redis})");
+    axum::serve(listener, app).await?;
+    Ok(())
+}

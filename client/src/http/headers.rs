@@ -1,0 +1,90 @@
+//! Rate-limit response headers.
+
+use crate::{Decision, Verdict};
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// Which headers to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11.
+    #[default]
+    Draft11,
+    /// The draft's headers plus the widespread `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
+    /// `X-RateLimit-Reset` of the deciding policy.
+    Draft11AndXRateLimit,
+    /// Only the older combined form `RateLimit: limit=100, remaining=0, reset=3` and the
+    /// `X-RateLimit-*` headers, for clients written against them.
+    Legacy,
+}
+
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up: a client waiting that long is never early.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_nanos().div_ceil(1_000_000_000) as u64
+}
+
+/// Writes the headers describing `d` (and `Retry-After` when it is a refusal that can pass
+/// later).
+pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
+    if style != HeaderStyle::Legacy {
+        // Structured-field lists: a quoted policy name (names are [A-Za-z0-9_.-]) with
+        // integer parameters. `burst` is this limiter's extra parameter; clients ignore
+        // parameters they do not know.
+        let (mut policy, mut state) = (String::new(), String::new());
+        for (i, o) in d.outcomes.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let p = &o.policy;
+            let _ = write!(
+                policy,
+                "{sep}\"{}\";q={};w={};burst={}",
+                p.name(),
+                p.count(),
+                ceil_secs(p.period()).max(1),
+                p.burst()
+            );
+            let _ = write!(
+                state,
+                "{sep}\"{}\";r={};t={}",
+                p.name(),
+                o.remaining,
+                ceil_secs(o.reset_after)
+            );
+        }
+        insert(headers, &RATELIMIT_POLICY, policy);
+        insert(headers, &RATELIMIT, state);
+    }
+    if style != HeaderStyle::Draft11 {
+        let (limit, remaining, reset) = (
+            d.policy.count(),
+            d.remaining,
+            ceil_secs(d.reset_after),
+        );
+        insert(headers, &X_LIMIT, limit.to_string());
+        insert(headers, &X_REMAINING, remaining.to_string());
+        insert(headers, &X_RESET, reset.to_string());
+        if style == HeaderStyle::Legacy {
+            insert(
+                headers,
+                &RATELIMIT,
+                format!("limit={limit}, remaining={remaining}, reset={reset}"),
+            );
+        }
+    }
+    if let Verdict::Denied { retry_after } = d.verdict {
+        insert(headers, &RETRY_AFTER, ceil_secs(retry_after).max(1).to_string());
+    }
+}
+
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(name.clone(), v);
+    }
+}

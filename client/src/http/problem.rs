@@ -1,0 +1,92 @@
+//! `application/problem+json` answers (RFC 9457).
+
+use super::headers::{self, ceil_secs, HeaderStyle};
+use crate::{Decision, Verdict};
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use std::fmt::Write;
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+/// The problem type registered by the rate-limit headers draft for exceeded quotas.
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+fn response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    r
+}
+
+/// `429 Too Many Requests` for a refused decision, with the rate-limit headers.
+pub(crate) fn too_many_requests(d: &Decision, style: HeaderStyle) -> Response<Full<Bytes>> {
+    // Policy names are [A-Za-z0-9_.-]: they need no JSON escaping.
+    let violated: Vec<&str> = d
+        .outcomes
+        .iter()
+        .filter(|o| !o.verdict.is_allowed())
+        .map(|o| o.policy.name())
+        .collect();
+    let p = &d.policy;
+    let mut detail = format!(
+        "Rate limit '{}' exceeded: {} per {} s, burst {}.",
+        p.name(),
+        p.count(),
+        ceil_secs(p.period()).max(1),
+        p.burst()
+    );
+    let retry = match d.verdict {
+        Verdict::Denied { retry_after } => {
+            let s = ceil_secs(retry_after).max(1);
+            let _ = write!(detail, " Retry after {s} s.");
+            s.to_string()
+        }
+        _ => {
+            detail.push_str(" This request costs more than the limit's capacity and can never pass.");
+            "null".to_string()
+        }
+    };
+    let list = violated
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let body = format!(
+        "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Too Many Requests\",\"status\":429,\
+         \"detail\":\"{detail}\",\"retry_after\":{retry},\"violated-policies\":[{list}]}}"
+    );
+    let mut r = response(StatusCode::TOO_MANY_REQUESTS, body);
+    headers::write(r.headers_mut(), d, style);
+    r
+}
+
+/// `401 Unauthorized` for a request without an API key.
+pub(crate) fn unauthorized(header: &str) -> Response<Full<Bytes>> {
+    let body = format!(
+        "{{\"type\":\"about:blank\",\"title\":\"Unauthorized\",\"status\":401,\
+         \"detail\":\"This endpoint needs an API key in the {header} header.\"}}"
+    );
+    let mut r = response(StatusCode::UNAUTHORIZED, body);
+    if let Ok(v) = HeaderValue::try_from(format!("ApiKey header=\"{header}\"")) {
+        r.headers_mut().insert(WWW_AUTHENTICATE, v);
+    }
+    r
+}
+
+/// `503 Service Unavailable`: a fail-closed limit could not be checked (the store is out,
+/// or answered with an error), with `Retry-After` when known.
+pub(crate) fn unavailable(retry_after: Option<std::time::Duration>) -> Response<Full<Bytes>> {
+    let mut r = response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+         \"detail\":\"The rate limit for this endpoint cannot be checked right now.\"}"
+            .to_string(),
+    );
+    if let Some(retry) = retry_after {
+        if let Ok(v) = HeaderValue::try_from(ceil_secs(retry).max(1).to_string()) {
+            r.headers_mut().insert(http::header::RETRY_AFTER, v);
+        }
+    }
+    r
+}

@@ -1,0 +1,75 @@
+//! For Rust callers of a limited API: how long to wait before retrying.
+
+use http::header::{HeaderMap, RETRY_AFTER};
+use std::time::Duration;
+
+/// The wait a response asks for: `Retry-After` in seconds, or else the reset time `t` of an
+/// exhausted (`r=0`) policy in the `RateLimit` header. `None` when neither says to wait.
+pub fn retry_delay(headers: &HeaderMap) -> Option<Duration> {
+    if let Some(secs) = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        return Some(Duration::from_secs(secs));
+    }
+    let value = headers.get("ratelimit")?.to_str().ok()?;
+    // Items look like `"name";r=0;t=12`: the longest wait among exhausted policies.
+    value
+        .split(',')
+        .filter_map(|item| {
+            let mut r = None;
+            let mut t = None;
+            for param in item.split(';').skip(1) {
+                match param.trim().split_once('=') {
+                    Some(("r", v)) => r = v.parse::<u64>().ok(),
+                    Some(("t", v)) => t = v.parse::<u64>().ok(),
+                    _ => {}
+                }
+            }
+            (r == Some(0)).then_some(t?)
+        })
+        .max()
+        .map(Duration::from_secs)
+}
+
+/// [`retry_delay`] plus random jitter, so a thousand clients told "3 s" do not all return in
+/// the same millisecond: uniformly within `[delay, delay + max(delay / 2, 1 s)]`. Never
+/// early.
+pub fn retry_delay_with_jitter(headers: &HeaderMap) -> Option<Duration> {
+    let base = retry_delay(headers)?;
+    let spread = (base / 2).max(Duration::from_secs(1));
+    Some(base + spread.mul_f64(rand::random::<f64>()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn reads_retry_after_then_ratelimit() {
+        assert_eq!(retry_delay(&headers(&[("retry-after", "3")])), Some(Duration::from_secs(3)));
+        let h = headers(&[("ratelimit", "\"api\";r=0;t=7, \"day\";r=5;t=900")]);
+        assert_eq!(retry_delay(&h), Some(Duration::from_secs(7)));
+        assert_eq!(retry_delay(&headers(&[("ratelimit", "\"api\";r=4;t=7")])), None);
+        assert_eq!(retry_delay(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn jitter_spreads_but_is_never_early() {
+        let h = headers(&[("retry-after", "3")]);
+        let delays: Vec<Duration> = (0..1000).map(|_| retry_delay_with_jitter(&h).unwrap()).collect();
+        assert!(delays.iter().all(|d| *d >= Duration::from_secs(3) && *d <= Duration::from_secs(4)));
+        let distinct_ms: std::collections::HashSet<u128> =
+            delays.iter().map(|d| d.as_millis()).collect();
+        assert!(distinct_ms.len() > 500, "only {} distinct ms", distinct_ms.len());
+    }
+}
