@@ -23,11 +23,18 @@ use redis_ratelimit_client::{Limiter, Policy};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listen = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
     let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let pods = std::env::var("PODS").ok().and_then(|p| p.parse().ok()).unwrap_or(1);
+    let pods = std::env::var("PODS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1);
 
     let limiter = Limiter::builder(redis.clone()).pods(pods).build()?;
     let api = Policy::builder("api").per_minute(100).burst(20).build()?;
-    let login = Policy::builder("login").per_minute(5).burst(5).fail_closed().build()?;
+    let login = Policy::builder("login")
+        .per_minute(5)
+        .burst(5)
+        .fail_closed()
+        .build()?;
     let limits = RateLimitLayer::builder(limiter)
         .route(Route::get("/api/").policy(api, 1))
         .route(Route::post("/login").policy(login, 1))
@@ -40,7 +47,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Json(serde_json::json!({ "ok": true, "path": format!("/api/{rest}") }))
             }),
         )
-        .route("/login", post(|| async { Json(serde_json::json!({ "ok": true })) }))
+        .route(
+            "/login",
+            post(|| async { Json(serde_json::json!({ "ok": true })) }),
+        )
         .layer(limits);
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;

@@ -62,11 +62,7 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
         insert(headers, &RATELIMIT, state);
     }
     if style != HeaderStyle::Draft11 {
-        let (limit, remaining, reset) = (
-            d.policy.count(),
-            d.remaining,
-            ceil_secs(d.reset_after),
-        );
+        let (limit, remaining, reset) = (d.policy.count(), d.remaining, ceil_secs(d.reset_after));
         insert(headers, &X_LIMIT, limit.to_string());
         insert(headers, &X_REMAINING, remaining.to_string());
         insert(headers, &X_RESET, reset.to_string());
@@ -79,7 +75,11 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
         }
     }
     if let Verdict::Denied { retry_after } = d.verdict {
-        insert(headers, &RETRY_AFTER, ceil_secs(retry_after).max(1).to_string());
+        insert(
+            headers,
+            &RETRY_AFTER,
+            ceil_secs(retry_after).max(1).to_string(),
+        );
     }
 }
 

@@ -43,7 +43,8 @@ pub(crate) fn too_many_requests(d: &Decision, style: HeaderStyle) -> Response<Fu
             s.to_string()
         }
         _ => {
-            detail.push_str(" This request costs more than the limit's capacity and can never pass.");
+            detail
+                .push_str(" This request costs more than the limit's capacity and can never pass.");
             "null".to_string()
         }
     };

@@ -56,20 +56,34 @@ mod tests {
 
     #[test]
     fn reads_retry_after_then_ratelimit() {
-        assert_eq!(retry_delay(&headers(&[("retry-after", "3")])), Some(Duration::from_secs(3)));
+        assert_eq!(
+            retry_delay(&headers(&[("retry-after", "3")])),
+            Some(Duration::from_secs(3))
+        );
         let h = headers(&[("ratelimit", "\"api\";r=0;t=7, \"day\";r=5;t=900")]);
         assert_eq!(retry_delay(&h), Some(Duration::from_secs(7)));
-        assert_eq!(retry_delay(&headers(&[("ratelimit", "\"api\";r=4;t=7")])), None);
+        assert_eq!(
+            retry_delay(&headers(&[("ratelimit", "\"api\";r=4;t=7")])),
+            None
+        );
         assert_eq!(retry_delay(&HeaderMap::new()), None);
     }
 
     #[test]
     fn jitter_spreads_but_is_never_early() {
         let h = headers(&[("retry-after", "3")]);
-        let delays: Vec<Duration> = (0..1000).map(|_| retry_delay_with_jitter(&h).unwrap()).collect();
-        assert!(delays.iter().all(|d| *d >= Duration::from_secs(3) && *d <= Duration::from_secs(4)));
+        let delays: Vec<Duration> = (0..1000)
+            .map(|_| retry_delay_with_jitter(&h).unwrap())
+            .collect();
+        assert!(delays
+            .iter()
+            .all(|d| *d >= Duration::from_secs(3) && *d <= Duration::from_secs(4)));
         let distinct_ms: std::collections::HashSet<u128> =
             delays.iter().map(|d| d.as_millis()).collect();
-        assert!(distinct_ms.len() > 500, "only {} distinct ms", distinct_ms.len());
+        assert!(
+            distinct_ms.len() > 500,
+            "only {} distinct ms",
+            distinct_ms.len()
+        );
     }
 }

@@ -101,7 +101,10 @@ where
                     // An error reply is a bug to fix, not an outage: log it loudly, then
                     // honour the fail modes.
                     tracing::error!(error = %e, "ratelimit: check failed");
-                    if policies.iter().any(|(p, _)| p.fail_mode() == FailMode::Closed) {
+                    if policies
+                        .iter()
+                        .any(|(p, _)| p.fail_mode() == FailMode::Closed)
+                    {
                         Ok(ours(problem::unavailable(None)))
                     } else {
                         inner.call(req).await.map(pass)
