@@ -11,7 +11,9 @@
 //! - No `X-API-Key`: `401` problem+json.
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:8080`), `REDIS_URL` (default
-//! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1).
+//! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1), and
+//! `RL_DISABLE=1` to serve the same routes without the layer (the latency baseline of
+//! `scripts/bench/http`).
 
 use axum::extract::Path;
 use axum::routing::{get, post};
