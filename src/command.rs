@@ -4,8 +4,9 @@
 //! written, so a bad input gets an error and changes nothing.
 
 use crate::{stats, storage};
-use redis_module::{Context, NextArg, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue};
 use redis_ratelimit_core::{check, check_all, ticks_since_epoch, Check, Decision, Limit};
+use std::ffi::c_long;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `RL.CHECK key rate burst [cost]` → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
@@ -26,7 +27,8 @@ pub fn rl_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if d.changed {
             storage::write(ctx, &key, d.tat)?;
         }
-        Ok((d.allowed, reply(&d)))
+        reply(ctx, &d);
+        Ok((d.allowed, RedisValue::NoReply))
     })
 }
 
@@ -68,10 +70,11 @@ pub fn rl_checkall(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 storage::write(ctx, key, *new)?;
             }
         }
-        Ok((
-            all,
-            RedisValue::Array(decisions.iter().map(reply).collect()),
-        ))
+        raw::reply_with_array(ctx.ctx, decisions.len() as c_long);
+        for d in &decisions {
+            reply(ctx, d);
+        }
+        Ok((all, RedisValue::NoReply))
     })
 }
 
@@ -119,14 +122,19 @@ fn parse_int(s: &RedisString) -> Option<i64> {
     std::str::from_utf8(s.as_slice()).ok()?.parse().ok()
 }
 
-fn reply(d: &Decision) -> RedisValue {
+/// Writes `[allowed, remaining, retry_after_ms, reset_after_ms]` straight to the client
+/// (no intermediate `RedisValue` tree: this is the hot path).
+fn reply(ctx: &Context, d: &Decision) {
     let retry = d.retry_after_ms.map_or(-1, saturate);
-    RedisValue::Array(vec![
-        RedisValue::Integer(i64::from(d.allowed)),
-        RedisValue::Integer(saturate(d.remaining)),
-        RedisValue::Integer(retry),
-        RedisValue::Integer(saturate(d.reset_after_ms)),
-    ])
+    raw::reply_with_array(ctx.ctx, 4);
+    for v in [
+        i64::from(d.allowed),
+        saturate(d.remaining),
+        retry,
+        saturate(d.reset_after_ms),
+    ] {
+        raw::reply_with_long_long(ctx.ctx, v);
+    }
 }
 
 fn saturate(v: u64) -> i64 {

@@ -30,9 +30,13 @@ macro_rules! api {
 }
 
 /// The shared value strings `"0"` ..= `"9999"`, created once at load and never freed: keys
-/// keep pointing at them, even after a `MODULE UNLOAD`.
+/// keep pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of the
+/// replicated `SET`, so replicating creates only the expiry's string.
 #[derive(Debug)]
-pub struct ValuePool(Box<[SharedString]>);
+pub struct ValuePool {
+    values: Box<[SharedString]>,
+    pxat: SharedString,
+}
 
 #[derive(Debug)]
 struct SharedString(NonNull<raw::RedisModuleString>);
@@ -62,13 +66,27 @@ impl ValuePool {
             let s = NonNull::new(s).ok_or(RedisError::Str("could not allocate value pool"))?;
             strings.push(SharedString(s));
         }
+        let create = api!(RedisModule_CreateString)?;
+        // SAFETY: NULL context (not auto-freed), a 4-byte literal.
+        let pxat = unsafe { create(ptr::null_mut(), c"PXAT".as_ptr(), 4) };
+        let pxat = NonNull::new(pxat).ok_or(RedisError::Str("could not allocate value pool"))?;
         // Lost race impossible (OnLoad runs once on the main thread); ignore it anyway.
-        let _ = POOL.set(ValuePool(strings.into_boxed_slice()));
+        let _ = POOL.set(ValuePool {
+            values: strings.into_boxed_slice(),
+            pxat: SharedString(pxat),
+        });
         Ok(())
     }
 
     fn get(value: u16) -> Option<*mut raw::RedisModuleString> {
-        POOL.get()?.0.get(usize::from(value)).map(|s| s.0.as_ptr())
+        POOL.get()?
+            .values
+            .get(usize::from(value))
+            .map(|s| s.0.as_ptr())
+    }
+
+    fn pxat() -> Option<*mut raw::RedisModuleString> {
+        POOL.get().map(|p| p.pxat.0.as_ptr())
     }
 }
 
@@ -163,15 +181,19 @@ pub fn write(ctx: &Context, key: &RedisString, tat: u64) -> Result<(), RedisErro
         return Err(RedisError::Str("ERR could not set the key's expiry"));
     }
     drop(k);
-    // SAFETY: format "slcl" matches (RedisModuleString*, long long, char*, long long).
+    let (Some(value), Some(pxat)) = (ValuePool::get(s.sub_ms), ValuePool::pxat()) else {
+        return Err(RedisError::Str("ERR value pool missing"));
+    };
+    // SAFETY: format "sssl" matches (RedisModuleString* ×3, long long); the pooled strings
+    // outlive the call (the propagated command takes its own references).
     let replicated = unsafe {
         replicate(
             ctx.ctx,
             c"SET".as_ptr(),
-            c"slcl".as_ptr(),
+            c"sssl".as_ptr(),
             key.inner,
-            c_longlong::from(s.sub_ms),
-            c"PXAT".as_ptr(),
+            value,
+            pxat,
             expire,
         )
     };
