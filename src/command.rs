@@ -6,6 +6,7 @@
 use crate::{stats, storage};
 use redis_module::{raw, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue};
 use redis_ratelimit_core::{check, check_all, ticks_since_epoch, Check, Decision, Limit};
+use std::collections::HashMap;
 use std::ffi::c_long;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -39,20 +40,35 @@ pub fn rl_checkall(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if args.len() < 5 || (args.len() - 1) % 4 != 0 {
             return Err(RedisError::WrongArity);
         }
-        let mut keys: Vec<RedisString> = Vec::new();
+        let mut keys: Vec<&RedisString> = Vec::new();
+        // Key → bucket index once there are more than a few keys (linear search below that).
+        let mut index: Option<HashMap<&[u8], usize>> = None;
         let mut checks = Vec::with_capacity((args.len() - 1) / 4);
-        let mut args = args.into_iter().skip(1);
-        while let Some(key) = args.next() {
-            let limit = parse_limit(&args.next_arg()?, &args.next_arg()?)?;
-            let cost = parse_cost(&args.next_arg()?)?;
-            // A key named twice is one bucket: the second limit sees the first one's take.
-            let bucket = match keys.iter().position(|k| k.as_slice() == key.as_slice()) {
-                Some(i) => i,
-                None => {
-                    keys.push(key);
-                    keys.len() - 1
-                }
+        for quad in args.get(1..).unwrap_or_default().chunks_exact(4) {
+            let [key, rate, burst, cost] = quad else {
+                return Err(RedisError::WrongArity);
             };
+            let limit = parse_limit(rate, burst)?;
+            let cost = parse_cost(cost)?;
+            // A key named twice is one bucket: the second limit sees the first one's take.
+            let found = match &index {
+                Some(map) => map.get(key.as_slice()).copied(),
+                None => keys.iter().position(|k| k.as_slice() == key.as_slice()),
+            };
+            let bucket = found.unwrap_or_else(|| {
+                keys.push(key);
+                if let Some(map) = &mut index {
+                    map.insert(key.as_slice(), keys.len() - 1);
+                } else if keys.len() > 16 {
+                    index = Some(
+                        keys.iter()
+                            .enumerate()
+                            .map(|(i, k)| (k.as_slice(), i))
+                            .collect(),
+                    );
+                }
+                keys.len() - 1
+            });
             checks.push(Check {
                 limit,
                 cost,

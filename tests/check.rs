@@ -406,3 +406,39 @@ fn acl_can_deny_the_commands() {
         assert!(!exists(&mut admin, "k"), "{flavor:?}");
     }
 }
+
+#[test]
+fn checkall_with_many_limits_and_repeated_keys() {
+    for t in targets("many") {
+        let mut c = t.conn();
+        let keys: Vec<String> = (0..20).map(|i| t.key(&format!("{{m}}:{i}"))).collect();
+        let args = |cost: &str| -> Vec<String> {
+            keys.iter()
+                .chain(keys.iter())
+                .flat_map(|k| [k.clone(), PER_HOUR_1.into(), "3".into(), cost.into()])
+                .collect()
+        };
+        let a = args("1");
+        let r = checkall(&mut c, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(r.len(), 40, "{}", t.name);
+        assert!(r.iter().all(|x| x.0 == 1), "{}: {r:?}", t.name);
+        // Each key was named twice: both takes landed, one token left everywhere.
+        assert!(r[20..].iter().all(|x| x.1 == 1), "{}: {r:?}", t.name);
+        let a = args("1");
+        let r = checkall(&mut c, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(r[..20].iter().all(|x| x.0 == 1), "{}", t.name);
+        assert!(
+            r[20..].iter().all(|x| x.0 == 0),
+            "{}: second take must not fit",
+            t.name
+        );
+        for k in &keys {
+            assert_eq!(
+                rl_check(&mut c, k, PER_HOUR_1, 3, 0).1,
+                1,
+                "{}: {k} changed",
+                t.name
+            );
+        }
+    }
+}

@@ -88,3 +88,74 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
         headers.insert(name.clone(), v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Policy, PolicyOutcome, Source};
+
+    fn decision(verdict: Verdict, remaining: u64) -> Decision {
+        let p = Policy::builder("api")
+            .per_minute(100)
+            .burst(20)
+            .build()
+            .unwrap();
+        let o = PolicyOutcome {
+            policy: p.clone(),
+            verdict,
+            remaining,
+            reset_after: Duration::from_millis(2_500),
+        };
+        Decision {
+            verdict,
+            source: Source::Store,
+            policy: p,
+            remaining,
+            reset_after: o.reset_after,
+            outcomes: vec![o],
+        }
+    }
+
+    fn get<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+        h.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn styles() {
+        let denied = decision(
+            Verdict::Denied {
+                retry_after: Duration::from_millis(1_001),
+            },
+            0,
+        );
+        let mut h = HeaderMap::new();
+        write(&mut h, &denied, HeaderStyle::Draft11);
+        assert_eq!(
+            get(&h, "ratelimit-policy"),
+            Some("\"api\";q=100;w=60;burst=20")
+        );
+        assert_eq!(get(&h, "ratelimit"), Some("\"api\";r=0;t=3"));
+        assert_eq!(get(&h, "retry-after"), Some("2"), "rounded up, never early");
+        assert_eq!(get(&h, "x-ratelimit-limit"), None);
+
+        let mut h = HeaderMap::new();
+        write(
+            &mut h,
+            &decision(Verdict::Allowed, 7),
+            HeaderStyle::Draft11AndXRateLimit,
+        );
+        assert_eq!(get(&h, "ratelimit"), Some("\"api\";r=7;t=3"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("7"));
+        assert_eq!(get(&h, "retry-after"), None);
+
+        let mut h = HeaderMap::new();
+        write(&mut h, &decision(Verdict::Allowed, 7), HeaderStyle::Legacy);
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some("limit=100, remaining=7, reset=3")
+        );
+        assert_eq!(get(&h, "ratelimit-policy"), None);
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("100"));
+        assert_eq!(get(&h, "x-ratelimit-reset"), Some("3"));
+    }
+}
