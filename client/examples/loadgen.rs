@@ -134,59 +134,77 @@ async fn run(a: Args) {
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
     let subjects: Arc<Vec<String>> = Arc::new((0..a.keys).map(|i| format!("key{i}")).collect());
+    // Pacing runs on its own thread, waking every ~50 us, so checks start spread out rather
+    // than in one burst per millisecond (tokio's timer resolution).
+    let done = Arc::new(AtomicU64::new(0));
+    let handle = tokio::runtime::Handle::current();
     let started = Instant::now();
     let end = Duration::from_secs_f64(a.duration);
-    let mut launched: u64 = 0;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut tasks = tokio::task::JoinSet::new();
-    loop {
-        tick.tick().await;
-        let elapsed = started.elapsed();
-        if elapsed >= end {
-            break;
-        }
-        let due = (elapsed.as_secs_f64() * a.rate as f64) as u64;
-        while launched < due {
-            let limiter = pods[(launched % a.pods) as usize].clone();
-            let subject = subjects[rand::random_range(0..subjects.len())].clone();
-            let (policy, counts, hist) = (policy.clone(), counts.clone(), hist.clone());
-            tasks.spawn(async move {
-                let t = Instant::now();
-                let d = limiter.check_one(&policy, &subject, 1).await;
-                let us = t.elapsed().as_micros() as u64;
-                if let Ok(mut h) = hist.lock() {
-                    let _ = h.record(us.max(1));
+    let pacer = {
+        let (pods, subjects, policy, counts, hist, done) = (
+            pods.clone(),
+            subjects.clone(),
+            policy.clone(),
+            counts.clone(),
+            hist.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut launched: u64 = 0;
+            loop {
+                let elapsed = started.elapsed();
+                if elapsed >= end {
+                    return launched;
                 }
-                counts.checks.fetch_add(1, Relaxed);
-                match d {
-                    Ok(d) => {
-                        let by_source = match d.source {
-                            Source::Store => &counts.store,
-                            Source::DenyCache => &counts.deny_cache,
-                            Source::LocalFallback => &counts.local_fallback,
-                            Source::FailOpen => &counts.fail_open,
-                            _ => &counts.fail_closed,
-                        };
-                        by_source.fetch_add(1, Relaxed);
-                        let verdict = if d.is_allowed() {
-                            &counts.allowed
-                        } else {
-                            &counts.denied
-                        };
-                        verdict.fetch_add(1, Relaxed);
-                    }
-                    Err(_) => {
-                        counts.errors.fetch_add(1, Relaxed);
-                    }
+                let due = (elapsed.as_secs_f64() * a.rate as f64) as u64;
+                while launched < due {
+                    let limiter = pods[(launched % a.pods) as usize].clone();
+                    let subject = subjects[rand::random_range(0..subjects.len())].clone();
+                    let (policy, counts, hist, done) =
+                        (policy.clone(), counts.clone(), hist.clone(), done.clone());
+                    handle.spawn(async move {
+                        let t = Instant::now();
+                        let d = limiter.check_one(&policy, &subject, 1).await;
+                        let us = t.elapsed().as_micros() as u64;
+                        if let Ok(mut h) = hist.lock() {
+                            let _ = h.record(us.max(1));
+                        }
+                        counts.checks.fetch_add(1, Relaxed);
+                        done.fetch_add(1, Relaxed);
+                        match d {
+                            Ok(d) => {
+                                let by_source = match d.source {
+                                    Source::Store => &counts.store,
+                                    Source::DenyCache => &counts.deny_cache,
+                                    Source::LocalFallback => &counts.local_fallback,
+                                    Source::FailOpen => &counts.fail_open,
+                                    _ => &counts.fail_closed,
+                                };
+                                by_source.fetch_add(1, Relaxed);
+                                let verdict = if d.is_allowed() {
+                                    &counts.allowed
+                                } else {
+                                    &counts.denied
+                                };
+                                verdict.fetch_add(1, Relaxed);
+                            }
+                            Err(_) => {
+                                counts.errors.fetch_add(1, Relaxed);
+                            }
+                        }
+                    });
+                    launched += 1;
                 }
-            });
-            launched += 1;
-        }
-        // Reap finished tasks so the set does not grow for the whole run.
-        while tasks.try_join_next().is_some() {}
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        })
+    };
+    let launched = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+        .await
+        .expect("pacer");
+    while done.load(Relaxed) < launched {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    while tasks.join_next().await.is_some() {}
     let elapsed = started.elapsed().as_secs_f64();
 
     let h = hist.lock().expect("histogram");
