@@ -6,8 +6,8 @@
 //! `SET` is deterministic, and a replica without the module follows it too.
 //!
 //! The value is one of 10 000 small integers. Like Redis with its own shared integers, the
-//! module creates each once and lets every key point to it, so a bucket costs what any key
-//! with a TTL costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives
+//! module creates each once, marks it immutable, and lets every key point to it, so a bucket
+//! costs what any key with a TTL costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives
 //! in the value object, and a shared one would blur it for every key (Redis stops sharing its
 //! integers then too).
 
@@ -36,6 +36,8 @@ macro_rules! api {
 pub struct ValuePool {
     values: Box<[SharedString]>,
     pxat: SharedString,
+    /// The values were made immutable (see [`make_immutable`]) and may go into keys.
+    shareable: bool,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,7 @@ impl ValuePool {
             return Ok(());
         }
         let printf = api!(RedisModule_CreateStringPrintf)?;
+        let shareable = immutable_refcount_supported()?;
         let mut strings = Vec::with_capacity(usize::from(SUB_MS_VALUES));
         for value in 0..SUB_MS_VALUES {
             // Printf makes a RAW-encoded string (CreateString would make EMBSTR): reading a
@@ -64,6 +67,10 @@ impl ValuePool {
             // SAFETY: NULL context (not auto-freed), a literal format taking one unsigned int.
             let s = unsafe { printf(ptr::null_mut(), c"%u".as_ptr(), c_uint::from(value)) };
             let s = NonNull::new(s).ok_or(RedisError::Str("could not allocate value pool"))?;
+            if shareable {
+                // SAFETY: a string just created by this module, layout probed above.
+                unsafe { make_immutable(s) };
+            }
             strings.push(SharedString(s));
         }
         let create = api!(RedisModule_CreateString)?;
@@ -74,6 +81,7 @@ impl ValuePool {
         let _ = POOL.set(ValuePool {
             values: strings.into_boxed_slice(),
             pxat: SharedString(pxat),
+            shareable,
         });
         Ok(())
     }
@@ -206,6 +214,9 @@ pub fn write(ctx: &Context, key: &RedisString, tat: u64) -> Result<(), RedisErro
 /// Whether values may be shared: not when maxmemory is set with an eviction policy, since LRU
 /// and LFU keep each key's recency in its value object.
 fn may_share(ctx: &Context) -> bool {
+    if !POOL.get().is_some_and(|p| p.shareable) {
+        return false;
+    }
     let Ok(flags) = api!(RedisModule_GetContextFlags) else {
         return false;
     };
@@ -213,4 +224,69 @@ fn may_share(ctx: &Context) -> bool {
     let flags = unsafe { flags(ctx.ctx) } as u32;
     let evicting = raw::REDISMODULE_CTX_FLAGS_MAXMEMORY | raw::REDISMODULE_CTX_FLAGS_EVICT;
     flags & evicting != evicting
+}
+
+/// Redis's marker for an object shared for good (`OBJ_SHARED_REFCOUNT`): `incrRefCount` and
+/// `decrRefCount` leave such a count alone.
+const OBJ_SHARED_REFCOUNT: i32 = i32::MAX;
+/// Where `int refcount` sits in Redis 7.x's and Valkey 8.0's object header, after the 32-bit
+/// word of type, encoding and LRU bits.
+const REFCOUNT_OFFSET: usize = 4;
+
+/// Makes a pooled value immutable the way the server makes its own shared integers
+/// (`makeObjectShared`).
+///
+/// Why: a shared object's ordinary count is not thread-safe. `FLUSHALL ASYNC` (and Valkey 8's
+/// plain `FLUSHALL`, lazy by default) frees the old keyspace on a background thread, which
+/// decrements the counts of every value while the main thread keeps incrementing them for new
+/// buckets; a lost update could free a value keys still use. An immutable count is never
+/// written by either thread. The module API has no call for this, so it writes the header,
+/// and only where [`immutable_refcount_supported`] found the expected layout.
+///
+/// # Safety
+/// `s` must be a live string object created by this module on a server where the probe
+/// passed.
+unsafe fn make_immutable(s: NonNull<raw::RedisModuleString>) {
+    // SAFETY: per the caller; the header is at least 8 bytes (robj is 16).
+    unsafe {
+        s.as_ptr()
+            .cast::<u8>()
+            .add(REFCOUNT_OFFSET)
+            .cast::<i32>()
+            .write_unaligned(OBJ_SHARED_REFCOUNT)
+    };
+}
+
+/// Checks on a throwaway string that the running server keeps an `int refcount` at
+/// [`REFCOUNT_OFFSET`]: 1 when created, 2 after one retain. Servers whose object header is laid
+/// out otherwise (Redis 8 and Valkey 8.1 pack flags beside a bit-field count) fail the probe,
+/// and then no value is shared: each key gets its own (more memory, never unsafe).
+fn immutable_refcount_supported() -> Result<bool, RedisError> {
+    let create = api!(RedisModule_CreateString)?;
+    let retain = api!(RedisModule_RetainString)?;
+    let free = api!(RedisModule_FreeString)?;
+    // SAFETY: NULL context, 1-byte literal; the probe is released before returning.
+    let probe = unsafe { create(ptr::null_mut(), c"p".as_ptr(), 1) };
+    let Some(probe) = NonNull::new(probe) else {
+        return Ok(false);
+    };
+    // SAFETY: reads 4 bytes inside the live object's 16-byte header.
+    let count = || unsafe {
+        probe
+            .as_ptr()
+            .cast::<u8>()
+            .add(REFCOUNT_OFFSET)
+            .cast::<i32>()
+            .read_unaligned()
+    };
+    let fresh = count();
+    // SAFETY: live string; retained once and released twice below.
+    unsafe { retain(ptr::null_mut(), probe.as_ptr()) };
+    let retained = count();
+    // SAFETY: one release per reference taken.
+    unsafe {
+        free(ptr::null_mut(), probe.as_ptr());
+        free(ptr::null_mut(), probe.as_ptr());
+    }
+    Ok(fresh == 1 && retained == 2)
 }

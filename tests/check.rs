@@ -442,3 +442,47 @@ fn checkall_with_many_limits_and_repeated_keys() {
         }
     }
 }
+
+/// Background flushes free the old keyspace on another thread while checks keep writing
+/// buckets that share the same value objects: the shared values must survive that.
+#[test]
+fn async_flushes_during_checks_leave_the_server_healthy() {
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for w in 0..3 {
+                let (s, stop) = (&s, &stop);
+                scope.spawn(move || {
+                    let mut c = s.conn();
+                    let mut i = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut p = redis::pipe();
+                        for _ in 0..200 {
+                            i += 1;
+                            p.cmd("RL.CHECK")
+                                .arg(format!("w{w}:{}", i % 20_000))
+                                .arg("1000")
+                                .arg(50)
+                                .arg(1);
+                        }
+                        let _: Vec<Reply> = p.query(&mut c).expect("RL.CHECK during flushes");
+                    }
+                });
+            }
+            let mut c = s.conn();
+            for n in 0..20 {
+                std::thread::sleep(Duration::from_millis(50));
+                // Valkey 8 flushes lazily by default; ASYNC forces it on both.
+                let how = if n % 2 == 0 { "ASYNC" } else { "SYNC" };
+                let _: () = redis::cmd("FLUSHALL").arg(how).query(&mut c).unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let mut c = s.conn();
+        let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+        assert_eq!(pong, "PONG", "{flavor:?}");
+        assert_eq!(rl_check(&mut c, "after", "1", 2, 1).0, 1, "{flavor:?}");
+        assert!(!s.log().contains("crashed"), "{flavor:?}: {}", s.log());
+    }
+}
