@@ -15,9 +15,18 @@ if n == 0 or #ARGV ~= 3 * n then
   return redis.error_reply("ERR wrong number of arguments for 'rl.checkall' command")
 end
 
+-- A 64-bit signed integer in decimal, as the module reads one (sign, leading zeros allowed).
 local function integer(s)
-  if not string.match(s, '^[+-]?%d+$') or #s > 19 then return nil end
-  return tonumber(s)
+  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
+  if not digits then return nil end
+  digits = string.match(digits, '^0*(%d-)$')
+  if digits == '' then return 0 end
+  local limit = '9223372036854775807'
+  if sign == '-' then limit = '9223372036854775808' end
+  if #digits > 19 or (#digits == 19 and digits > limit) then return nil end
+  local v = tonumber(digits)
+  if sign == '-' then v = -v end
+  return v
 end
 
 local function number(s)
@@ -29,15 +38,13 @@ local function number(s)
   return tonumber(s)
 end
 
--- Validate every limit before reading any key.
+-- Validate every limit before reading any key, in the module's order.
 local limits = {}
 for i = 1, n do
   local rate = number(ARGV[3 * i - 2])
   if rate == nil then return redis.error_reply('ERR rate must be a number (tokens per second)') end
   local burst = integer(ARGV[3 * i - 1])
   if burst == nil or burst < 1 then return redis.error_reply('ERR burst must be an integer >= 1') end
-  local cost = integer(ARGV[3 * i])
-  if cost == nil or cost < 0 then return redis.error_reply('ERR cost must be an integer >= 0') end
   if rate ~= rate or rate == math.huge or rate == -math.huge then
     return redis.error_reply('ERR rate must be a finite number')
   end
@@ -49,6 +56,8 @@ for i = 1, n do
   if interval > MAX_REFILL or burst * interval > MAX_REFILL then
     return redis.error_reply('ERR burst / rate is too long (at most 100000000 seconds)')
   end
+  local cost = integer(ARGV[3 * i])
+  if cost == nil or cost < 0 then return redis.error_reply('ERR cost must be an integer >= 0') end
   limits[i] = { interval = interval, burst = burst, tau = burst * interval, cost = cost }
 end
 

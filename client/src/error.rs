@@ -63,8 +63,12 @@ impl StoreError {
                             | ServerErrorKind::MasterDown
                             | ServerErrorKind::TryAgain
                             | ServerErrorKind::BusyLoading
+                            // A replica answering after a failover: the store is moving.
+                            | ServerErrorKind::ReadOnly
                     )
-            );
+            )
+            // Out of memory under `maxmemory`: the store cannot take writes right now.
+            || e.code() == Some("OOM");
         if transport {
             Self::Transport(e)
         } else {

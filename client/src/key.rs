@@ -33,12 +33,11 @@ impl Default for KeyLayout {
 
 impl KeyLayout {
     /// A layout with its own key prefix and hash seed. Every pod of a deployment must use
-    /// the same two, or they count in different buckets.
+    /// the same two, or they count in different buckets. A prefix with `{` or `}` would
+    /// move the hash tag, so those are replaced by `_`.
     pub fn new(prefix: impl Into<String>, seed: u64) -> Self {
-        Self {
-            prefix: prefix.into(),
-            seed,
-        }
+        let prefix = prefix.into().replace(['{', '}'], "_");
+        Self { prefix, seed }
     }
 
     /// The hashed subject: 11 base64url characters.

@@ -281,7 +281,8 @@ impl Limiter {
                     tracing::info!("ratelimit: store reachable again, breaker closed");
                     metrics::gauge!("ratelimit_breaker_open").set(0.0);
                 }
-                Ok(self.answer_from_store(&planned, &replies, now))
+                // Retry-After counts from the reply, not from before the round trip.
+                Ok(self.answer_from_store(&planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
                 metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);

@@ -284,3 +284,67 @@ async fn script_and_module_give_the_same_decisions() {
         }
     }
 }
+
+/// Bad arguments get the same answer from the script as from the module, message for message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_validates_arguments_like_the_module() {
+    if std::env::var("REDIS_URL").is_ok() {
+        return;
+    }
+    let cases: &[[&str; 3]] = &[
+        ["abc", "1", "1"],
+        ["", "1", "1"],
+        ["0x10", "1", "1"],
+        ["infx", "1", "1"],
+        ["nan", "1", "-1"],
+        ["inf", "1", "1"],
+        ["-inf", "0", "1"],
+        ["0", "1", "1"],
+        ["-2", "1", "1"],
+        ["1e300", "1", "1"],
+        ["1e-12", "1", "1"],
+        ["1", "0", "1"],
+        ["1", "1.5", "1"],
+        ["1", "abc", "1"],
+        ["1", "99999999999999999999999", "1"],
+        ["1", "9223372036854775808", "1"],
+        ["1", "999999999999", "1"],
+        ["1", "5", "-1"],
+        ["1", "5", "x"],
+        ["1", "5", "9223372036854775807"],
+        ["1", "00000000000000000000005", "+2"],
+        ["+1.5", "5", "-0"],
+    ];
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let mut c = s.conn();
+        for (i, [rate, burst, cost]) in cases.iter().enumerate() {
+            let key = format!("v{i}");
+            let module: redis::RedisResult<redis::Value> = redis::cmd("RL.CHECKALL")
+                .arg(&key)
+                .arg(*rate)
+                .arg(*burst)
+                .arg(*cost)
+                .query(&mut c);
+            let script: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+                .arg(redis_ratelimit_client::CHECKALL_SCRIPT)
+                .arg(1)
+                .arg(format!("s{i}"))
+                .arg(*rate)
+                .arg(*burst)
+                .arg(*cost)
+                .query(&mut c);
+            match (&module, &script) {
+                (Err(m), Err(s)) => {
+                    assert_eq!(
+                        m.detail(),
+                        s.detail(),
+                        "{flavor:?} case {i} {rate} {burst} {cost}"
+                    )
+                }
+                (Ok(_), Ok(_)) => {}
+                _ => panic!("{flavor:?} case {i} {rate} {burst} {cost}: {module:?} vs {script:?}"),
+            }
+        }
+    }
+}
