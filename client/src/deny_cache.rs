@@ -86,11 +86,13 @@ impl DenyCache {
         };
         let mut shard = self.shard(key);
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
-            shard.retain(|_, e| e.until > now);
-            if shard.len() >= self.per_shard {
-                if let Some(victim) = shard.keys().next().cloned() {
-                    shard.remove(&victim);
-                }
+            // Drop one arbitrary entry, expired ones with it when it is cheap: a full scan
+            // on every insert would make a cache full of live entries slow to update.
+            if let Some(victim) = shard.keys().next().cloned() {
+                shard.remove(&victim);
+            }
+            if shard.len() < 64 || xxh3_64(key.as_bytes()) % 64 == 0 {
+                shard.retain(|_, e| e.until > now);
             }
         }
         shard.insert(key.into(), entry);

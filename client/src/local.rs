@@ -13,21 +13,36 @@ use std::sync::Mutex;
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct LocalBuckets {
-    tats: Mutex<HashMap<Box<str>, u64>>,
+    tats: Mutex<Buckets>,
     capacity: usize,
 }
+
+#[derive(Debug, Default)]
+struct Buckets {
+    tats: HashMap<Box<str>, u64>,
+    /// When full buckets were last swept out (ticks): a sweep scans every bucket, so a map
+    /// full of active buckets is swept at most once per [`SWEEP_EVERY`], not per insert.
+    swept_at: u64,
+}
+
+/// 10 ms, in ticks.
+const SWEEP_EVERY: u64 = 100_000;
 
 impl LocalBuckets {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            tats: Mutex::new(HashMap::new()),
+            tats: Mutex::new(Buckets::default()),
             capacity,
         }
     }
 
     /// Checks `(key, limit, cost)` all-or-nothing at `now` (ticks), as `RL.CHECKALL` would.
     pub(crate) fn check(&self, items: &[(&str, Limit, u64)], now: u64) -> (bool, Vec<Decision>) {
-        let mut map = self.tats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.tats.lock().unwrap_or_else(|p| p.into_inner());
+        let Buckets {
+            tats: map,
+            swept_at,
+        } = &mut *guard;
         let mut keys: Vec<&str> = Vec::with_capacity(items.len());
         let mut checks = Vec::with_capacity(items.len());
         for &(key, limit, cost) in items {
@@ -52,7 +67,10 @@ impl LocalBuckets {
                 continue;
             }
             if map.len() >= self.capacity && !map.contains_key(*key) {
-                map.retain(|_, t| *t > now);
+                if now.saturating_sub(*swept_at) >= SWEEP_EVERY {
+                    map.retain(|_, t| *t > now);
+                    *swept_at = now;
+                }
                 if map.len() >= self.capacity {
                     metrics::counter!("ratelimit_local_overflow_total").increment(1);
                     continue;
@@ -65,7 +83,7 @@ impl LocalBuckets {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.tats.lock().map_or(0, |m| m.len())
+        self.tats.lock().map_or(0, |m| m.tats.len())
     }
 }
 
