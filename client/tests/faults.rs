@@ -71,6 +71,25 @@ async fn round(l: &Limiter, p: &Policies, n: usize) -> (Vec<Source>, Vec<Source>
     (api, login, slowest)
 }
 
+/// With the store out: every check is fast, fail-open answers locally, fail-closed
+/// refuses, and the breaker is open.
+async fn expect_outage_answers(l: &Limiter, p: &Policies, flavor: Flavor) {
+    let (api, login, slowest) = round(l, p, 50).await;
+    assert!(
+        slowest < TIMEOUT + MARGIN,
+        "{flavor:?}: a check took {slowest:?}"
+    );
+    assert!(
+        api.iter().all(|s| *s == Source::LocalFallback),
+        "{flavor:?}: {api:?}"
+    );
+    assert!(
+        login.iter().all(|s| *s == Source::FailClosed),
+        "{flavor:?}: {login:?}"
+    );
+    assert!(l.breaker_open(), "{flavor:?}: breaker still closed");
+}
+
 async fn expect_recovery(l: &Limiter, p: &Policies) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -103,20 +122,7 @@ async fn killed_server() {
         );
 
         s.kill();
-        let (api, login, slowest) = round(&l, &p, 50).await;
-        assert!(
-            slowest < TIMEOUT + MARGIN,
-            "{flavor:?}: a check took {slowest:?}"
-        );
-        assert!(
-            api.iter().all(|s| *s == Source::LocalFallback),
-            "{flavor:?}: {api:?}"
-        );
-        assert!(
-            login.iter().all(|s| *s == Source::FailClosed),
-            "{flavor:?}: {login:?}"
-        );
-        assert!(l.breaker_open(), "{flavor:?}: breaker still closed");
+        expect_outage_answers(&l, &p, flavor).await;
 
         // Still down across several probe intervals: probes fail, the breaker stays open.
         tokio::time::sleep(PROBE * 2).await;
@@ -141,20 +147,7 @@ async fn hung_server() {
         {
             // Resumes the server even if an assertion fails, so it can be stopped.
             let _resume = Resume(&s);
-            let (api, login, slowest) = round(&l, &p, 50).await;
-            assert!(
-                slowest < TIMEOUT + MARGIN,
-                "{flavor:?}: a check took {slowest:?}"
-            );
-            assert!(
-                api.iter().all(|s| *s == Source::LocalFallback),
-                "{flavor:?}: {api:?}"
-            );
-            assert!(
-                login.iter().all(|s| *s == Source::FailClosed),
-                "{flavor:?}: {login:?}"
-            );
-            assert!(l.breaker_open(), "{flavor:?}");
+            expect_outage_answers(&l, &p, flavor).await;
         }
         expect_recovery(&l, &p).await;
     }
