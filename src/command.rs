@@ -4,43 +4,182 @@
 //! written, so a bad input gets an error and changes nothing.
 
 use crate::{stats, storage};
-use redis_module::{raw, Context, NextArg, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError};
 use redis_ratelimit_core::{check, check_all, ticks_since_epoch, Check, Decision, Limit};
 use std::collections::HashMap;
-use std::ffi::c_long;
+use std::ffi::{c_int, c_long, CStr};
+use std::ptr::NonNull;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// `RL.CHECK key rate burst [cost]` → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
-pub fn rl_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    counted(|| {
-        if !(4..=5).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let mut args = args.into_iter().skip(1);
-        let key = args.next_arg()?;
-        let limit = parse_limit(&args.next_arg()?, &args.next_arg()?)?;
-        let cost = match args.next() {
-            Some(cost) => parse_cost(&cost)?,
-            None => 1,
+/// One argument of the running command, borrowed from the server's `argv` without the
+/// retain/release (and `Vec`) that `redis_module`'s command macro spends on every call.
+#[repr(transparent)]
+#[derive(Debug)]
+pub struct Arg(NonNull<raw::RedisModuleString>);
+
+impl Arg {
+    /// The argument's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: reading a function pointer set once by RedisModule_Init.
+        let Some(ptr_len) = (unsafe { raw::RedisModule_StringPtrLen }) else {
+            return &[];
         };
-        let tat = storage::read(ctx, &key)?;
-        let d = check(&limit, cost, tat, now());
-        if d.changed {
-            storage::write(ctx, &key, d.tat)?;
+        let mut len = 0;
+        // SAFETY: a live argument of the running command; the bytes live as long as it.
+        let p = unsafe { ptr_len(self.0.as_ptr(), &mut len) };
+        if p.is_null() {
+            return &[];
         }
-        reply(ctx, &d);
-        Ok((d.allowed, RedisValue::NoReply))
-    })
+        // SAFETY: `len` readable bytes at `p` for the duration of the command.
+        unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+    }
+
+    fn key(&self) -> storage::KeyName {
+        self.0.as_ptr()
+    }
+}
+
+type Handler = fn(&Context, &[Arg]) -> Result<bool, RedisError>;
+
+/// Registers both commands. Key positions (first, last, step) let cluster clients route them
+/// and let the server refuse a cross-slot `RL.CHECKALL`. ACL categories are set where the
+/// server can (7.2+, Valkey 8); Redis 7.0 cannot give module commands categories.
+pub fn register(ctx: &Context) -> Result<(), RedisError> {
+    let create = api!(RedisModule_CreateCommand)?;
+    type Cmd = (
+        &'static CStr,
+        raw::RedisModuleCmdFunc,
+        &'static CStr,
+        c_int,
+        c_int,
+        c_int,
+        &'static CStr,
+    );
+    let commands: [Cmd; 2] = [
+        (
+            c"rl.check",
+            Some(rl_check),
+            c"write deny-oom fast",
+            1,
+            1,
+            1,
+            c"write fast",
+        ),
+        (
+            c"rl.checkall",
+            Some(rl_checkall),
+            c"write deny-oom",
+            1,
+            -1,
+            4,
+            c"write",
+        ),
+    ];
+    for (name, handler, flags, first, last, step, acl) in commands {
+        // SAFETY: OnLoad context; static C strings.
+        let created = unsafe {
+            create(
+                ctx.ctx,
+                name.as_ptr(),
+                handler,
+                flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        };
+        if created != raw::REDISMODULE_OK as c_int {
+            return Err(RedisError::Str("could not create the commands"));
+        }
+        // SAFETY: reading function pointers set once by RedisModule_Init.
+        let (get, set) = unsafe {
+            (
+                raw::RedisModule_GetCommand,
+                raw::RedisModule_SetCommandACLCategories,
+            )
+        };
+        if let (Some(get), Some(set)) = (get, set) {
+            // SAFETY: OnLoad context, the command just created, a static category list.
+            let cmd = unsafe { get(ctx.ctx, name.as_ptr()) };
+            if cmd.is_null() || unsafe { set(cmd, acl.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+                return Err(RedisError::Str(
+                    "could not set the commands' ACL categories",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+extern "C" fn rl_check(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    dispatch(ctx, argv, argc, check_one)
+}
+
+extern "C" fn rl_checkall(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    dispatch(ctx, argv, argc, check_many)
+}
+
+/// Runs a command body: it replies itself on success; errors are replied here and counted.
+fn dispatch(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    body: Handler,
+) -> c_int {
+    let context = Context::new(ctx);
+    let args: &[Arg] = match usize::try_from(argc) {
+        // SAFETY: the server passes `argc` non-null arguments that outlive the call; `Arg` is
+        // a transparent wrapper of the pointer.
+        Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv.cast::<Arg>(), n) },
+        _ => &[],
+    };
+    match body(&context, args) {
+        Ok(allowed) => stats::record(allowed),
+        Err(e) => {
+            stats::record_error();
+            context.reply(Err(e));
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// `RL.CHECK key rate burst [cost]` → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+fn check_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
+    let (key, rate, burst, cost) = match args {
+        [_, key, rate, burst] => (key, rate, burst, None),
+        [_, key, rate, burst, cost] => (key, rate, burst, Some(cost)),
+        _ => return Err(RedisError::WrongArity),
+    };
+    let limit = parse_limit(rate, burst)?;
+    let cost = match cost {
+        Some(cost) => parse_cost(cost)?,
+        None => 1,
+    };
+    let tat = storage::read(ctx, key.key())?;
+    let d = check(&limit, cost, tat, now());
+    if d.changed {
+        storage::write(ctx, key.key(), d.tat)?;
+    }
+    reply(ctx, &d);
+    Ok(d.allowed)
 }
 
 /// `RL.CHECKALL key rate burst cost [key rate burst cost ...]` → one reply of `RL.CHECK` per
 /// limit; tokens are taken from all buckets or from none.
-pub fn rl_checkall(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    counted(|| {
-        if args.len() < 5 || (args.len() - 1) % 4 != 0 {
+fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
+    {
+        if args.len() < 5 || !(args.len() - 1).is_multiple_of(4) {
             return Err(RedisError::WrongArity);
         }
-        let mut keys: Vec<&RedisString> = Vec::new();
+        let mut keys: Vec<&Arg> = Vec::new();
         // Key → bucket index once there are more than a few keys (linear search below that).
         let mut index: Option<HashMap<&[u8], usize>> = None;
         let mut checks = Vec::with_capacity((args.len() - 1) / 4);
@@ -52,18 +191,18 @@ pub fn rl_checkall(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let cost = parse_cost(cost)?;
             // A key named twice is one bucket: the second limit sees the first one's take.
             let found = match &index {
-                Some(map) => map.get(key.as_slice()).copied(),
-                None => keys.iter().position(|k| k.as_slice() == key.as_slice()),
+                Some(map) => map.get(key.bytes()).copied(),
+                None => keys.iter().position(|k| k.bytes() == key.bytes()),
             };
             let bucket = found.unwrap_or_else(|| {
                 keys.push(key);
                 if let Some(map) = &mut index {
-                    map.insert(key.as_slice(), keys.len() - 1);
+                    map.insert(key.bytes(), keys.len() - 1);
                 } else if keys.len() > 16 {
                     index = Some(
                         keys.iter()
                             .enumerate()
-                            .map(|(i, k)| (k.as_slice(), i))
+                            .map(|(i, k)| (k.bytes(), i))
                             .collect(),
                     );
                 }
@@ -77,34 +216,20 @@ pub fn rl_checkall(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let before = keys
             .iter()
-            .map(|k| storage::read(ctx, k))
+            .map(|k| storage::read(ctx, k.key()))
             .collect::<Result<Vec<u64>, _>>()?;
         let mut tats = before.clone();
         let (all, decisions) = check_all(&checks, &mut tats, now());
         for ((key, new), old) in keys.iter().zip(&tats).zip(&before) {
             if new != old {
-                storage::write(ctx, key, *new)?;
+                storage::write(ctx, key.key(), *new)?;
             }
         }
         raw::reply_with_array(ctx.ctx, decisions.len() as c_long);
         for d in &decisions {
             reply(ctx, d);
         }
-        Ok((all, RedisValue::NoReply))
-    })
-}
-
-/// Runs a command body and counts its outcome for `INFO ratelimit`.
-fn counted(body: impl FnOnce() -> Result<(bool, RedisValue), RedisError>) -> RedisResult {
-    match body() {
-        Ok((allowed, value)) => {
-            stats::record(allowed);
-            Ok(value)
-        }
-        Err(e) => {
-            stats::record_error();
-            Err(e)
-        }
+        Ok(all)
     }
 }
 
@@ -115,8 +240,8 @@ fn now() -> u64 {
         .map_or(0, ticks_since_epoch)
 }
 
-fn parse_limit(rate: &RedisString, burst: &RedisString) -> Result<Limit, RedisError> {
-    let rate = std::str::from_utf8(rate.as_slice())
+fn parse_limit(rate: &Arg, burst: &Arg) -> Result<Limit, RedisError> {
+    let rate = std::str::from_utf8(rate.bytes())
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
         .ok_or(RedisError::Str(
@@ -128,14 +253,14 @@ fn parse_limit(rate: &RedisString, burst: &RedisString) -> Result<Limit, RedisEr
     Limit::new(rate, burst as u64).map_err(|e| RedisError::String(format!("ERR {e}")))
 }
 
-fn parse_cost(cost: &RedisString) -> Result<u64, RedisError> {
+fn parse_cost(cost: &Arg) -> Result<u64, RedisError> {
     parse_int(cost)
         .and_then(|c| u64::try_from(c).ok())
         .ok_or(RedisError::Str("ERR cost must be an integer >= 0"))
 }
 
-fn parse_int(s: &RedisString) -> Option<i64> {
-    std::str::from_utf8(s.as_slice()).ok()?.parse().ok()
+fn parse_int(s: &Arg) -> Option<i64> {
+    std::str::from_utf8(s.bytes()).ok()?.parse().ok()
 }
 
 /// Writes `[allowed, remaining, retry_after_ms, reset_after_ms]` straight to the client

@@ -16,12 +16,24 @@
 
 use redis_module::{Context, RedisString, Status};
 
+/// Fetches a module API function pointer, or fails with an error instead of the panic an
+/// `unwrap` would bring into the server.
+macro_rules! api {
+    ($name:ident) => {
+        // SAFETY: the pointers are written once by RedisModule_Init, before any command runs.
+        unsafe { redis_module::raw::$name }.ok_or(redis_module::RedisError::Str(concat!(
+            "ERR this server lacks ",
+            stringify!($name)
+        )))
+    };
+}
+
 pub mod command;
 pub mod stats;
 pub mod storage;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    match storage::ValuePool::init() {
+    match storage::ValuePool::init().and_then(|()| command::register(ctx)) {
         Ok(()) => Status::Ok,
         Err(e) => {
             ctx.log_warning(&format!("ratelimit: {e}"));
@@ -33,7 +45,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 // The macro's generated entry points (`RedisModule_OnLoad`, ...) carry no docs.
 #[allow(missing_docs)]
 mod entry_points {
-    use super::{command, init};
+    use super::init;
     use redis_module::redis_module;
 
     redis_module! {
@@ -42,14 +54,5 @@ mod entry_points {
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
         init: init,
-        commands: [
-            // Key positions (first, last, step) let cluster clients route the commands and let the
-            // server refuse a cross-slot RL.CHECKALL. ACL categories go in the optional slot: on
-            // Redis 7.0, which cannot set them, a mandatory category would stop the module loading.
-            ["rl.check", command::rl_check, "write deny-oom fast", 1, 1, 1,
-                AclCategory::None, vec![AclCategory::Write, AclCategory::Fast]],
-            ["rl.checkall", command::rl_checkall, "write deny-oom", 1, -1, 4,
-                AclCategory::None, AclCategory::Write],
-        ],
     }
 }

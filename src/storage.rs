@@ -11,23 +11,14 @@
 //! in the value object, and a shared one would blur it for every key (Redis stops sharing its
 //! integers then too).
 
-use redis_module::{raw, Context, RedisError, RedisString};
+use redis_module::{raw, Context, RedisError};
 use redis_ratelimit_core::stored::{self, SUB_MS_VALUES};
 use std::ffi::{c_int, c_longlong, c_uint};
 use std::ptr::{self, NonNull};
 use std::sync::OnceLock;
 
-/// Fetches a module API function pointer, or fails with an error reply instead of the
-/// panic an `unwrap` would bring into the server.
-macro_rules! api {
-    ($name:ident) => {
-        // SAFETY: the pointers are written once by RedisModule_Init, before any command runs.
-        unsafe { raw::$name }.ok_or(RedisError::Str(concat!(
-            "ERR this server lacks ",
-            stringify!($name)
-        )))
-    };
-}
+/// A key name from the running command's arguments (valid for the call).
+pub(crate) type KeyName = *mut raw::RedisModuleString;
 
 /// The shared value strings `"0"` ..= `"9999"`, created once at load and never freed: keys
 /// keep pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of the
@@ -102,10 +93,10 @@ impl ValuePool {
 struct OpenKey(NonNull<raw::RedisModuleKey>);
 
 impl OpenKey {
-    fn open(ctx: &Context, key: &RedisString, mode: c_int) -> Result<Option<Self>, RedisError> {
+    fn open(ctx: &Context, key: KeyName, mode: c_int) -> Result<Option<Self>, RedisError> {
         let open = api!(RedisModule_OpenKey)?;
         // SAFETY: live context and key name of the running command.
-        let k = unsafe { open(ctx.ctx, key.inner, mode) };
+        let k = unsafe { open(ctx.ctx, key, mode) };
         Ok(NonNull::new(k).map(Self))
     }
 }
@@ -120,7 +111,7 @@ impl Drop for OpenKey {
 }
 
 /// Reads the bucket's TAT, in ticks; 0 for a missing key (a full bucket).
-pub fn read(ctx: &Context, key: &RedisString) -> Result<u64, RedisError> {
+pub(crate) fn read(ctx: &Context, key: KeyName) -> Result<u64, RedisError> {
     let Some(k) = OpenKey::open(ctx, key, raw::REDISMODULE_READ as c_int)? else {
         return Ok(0);
     };
@@ -146,7 +137,7 @@ pub fn read(ctx: &Context, key: &RedisString) -> Result<u64, RedisError> {
 }
 
 /// Stores the bucket's TAT with its absolute expiry and replicates the effect.
-pub fn write(ctx: &Context, key: &RedisString, tat: u64) -> Result<(), RedisError> {
+pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64) -> Result<(), RedisError> {
     let s = stored::encode(tat);
     let expire = c_longlong::try_from(s.expire_at_ms)
         .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
@@ -199,7 +190,7 @@ pub fn write(ctx: &Context, key: &RedisString, tat: u64) -> Result<(), RedisErro
             ctx.ctx,
             c"SET".as_ptr(),
             c"sssl".as_ptr(),
-            key.inner,
+            key,
             value,
             pxat,
             expire,

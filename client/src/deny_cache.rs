@@ -91,7 +91,7 @@ impl DenyCache {
             if let Some(victim) = shard.keys().next().cloned() {
                 shard.remove(&victim);
             }
-            if shard.len() < 64 || xxh3_64(key.as_bytes()) % 64 == 0 {
+            if shard.len() < 64 || xxh3_64(key.as_bytes()).is_multiple_of(64) {
                 shard.retain(|_, e| e.until > now);
             }
         }
