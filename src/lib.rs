@@ -1,9 +1,10 @@
 //! `redis-ratelimit`: a Redis / Valkey module adding `RL.CHECK` and `RL.CHECKALL`, an exact
 //! token bucket checked and updated inside the server in one round trip.
 //!
-//! This file only registers the module. Argument parsing and replies live in [`command`], the
-//! key layout, expiry and replication in [`storage`], the `INFO ratelimit` counters in
-//! [`stats`], and the bucket math in the pure `redis-ratelimit-core` crate.
+//! This file only registers the module. The commands' registration, argument parsing and
+//! replies live in [`command`], the key layout, expiry and replication in [`storage`], the
+//! `INFO ratelimit` counters in [`stats`], and the bucket math in the pure
+//! `redis-ratelimit-core` crate.
 #![cfg_attr(
     not(test),
     deny(
