@@ -66,11 +66,10 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = (tonumber(t[2]) % 1000) * 10 -- ticks after now_ms; TATs below are relative to it
 
 -- Read every distinct key. A missing key is a full bucket (TAT 0 <= now).
-local slot, before = {}, {}
+local before = {}
 for i = 1, n do
   local k = KEYS[i]
-  if slot[k] == nil then
-    slot[k] = i
+  if before[k] == nil then
     local tat = 0
     local expire_at = redis.call('PEXPIRETIME', k)
     if expire_at ~= -2 then

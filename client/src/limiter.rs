@@ -305,15 +305,17 @@ impl Limiter {
     }
 
     fn answer_from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
-        let hit = planned
+        let hits: Vec<_> = planned
             .iter()
-            .any(|p| self.inner.deny.get(&p.key, p.cost, now).is_some());
-        if !hit {
+            .map(|p| self.inner.deny.get(&p.key, p.cost, now))
+            .collect();
+        if hits.iter().all(Option::is_none) {
             return None;
         }
         let outcomes = planned
             .iter()
-            .map(|p| match self.inner.deny.get(&p.key, p.cost, now) {
+            .zip(hits)
+            .map(|(p, hit)| match hit {
                 Some(hit) => PolicyOutcome {
                     policy: p.policy.clone(),
                     verdict: Verdict::Denied {

@@ -43,9 +43,8 @@ struct Inner {
     rate: f64,
     limit: Limit,
     /// One sub-bucket's rate and limit when sharded (`rate / shards`, `burst / shards`).
-    shard_rate: f64,
     shard_limit: Limit,
-    /// `shard_rate` as sent to the server: the shortest text that parses back exactly.
+    /// `rate / shards` as sent to the server: the shortest text that parses back exactly.
     shard_rate_arg: String,
 }
 
@@ -114,11 +113,6 @@ impl Policy {
     /// The whole policy's limit, as the core checks it.
     pub fn limit(&self) -> &Limit {
         &self.0.limit
-    }
-
-    #[cfg(test)]
-    fn bucket_rate(&self) -> f64 {
-        self.0.shard_rate
     }
 
     pub(crate) fn bucket_rate_arg(&self) -> &str {
@@ -233,7 +227,6 @@ impl PolicyBuilder {
             shards: self.shards,
             rate,
             limit,
-            shard_rate,
             shard_limit,
             shard_rate_arg: shard_rate.to_string(),
         })))
@@ -284,7 +277,7 @@ mod tests {
             .shards(4)
             .build()
             .unwrap();
-        assert_eq!(p.bucket_rate(), 250.0);
+        assert_eq!(p.bucket_rate_arg(), "250");
         assert_eq!(p.bucket_limit().burst(), 25);
     }
 }
