@@ -1,11 +1,12 @@
-//! `RL.CHECK` and `RL.CHECKALL`: parse the arguments, run the core, reply.
+//! `RL.CHECK`, `RL.CHECKALL` and `RL.SETTLE`: parse the arguments, run the core, reply.
 //!
 //! Every argument is validated before any key is read, and every key is read before any is
 //! written, so a bad input gets an error and changes nothing.
 
 use crate::{stats, storage};
 use redis_module::{raw, Context, RedisError};
-use redis_ratelimit_core::{check, check_all, ticks_since_epoch, Check, Decision, Limit};
+use redis_ratelimit_core::stored::linger_class;
+use redis_ratelimit_core::{check, check_all, settle, ticks_since_epoch, Check, Decision, Limit};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_long, CStr};
 use std::ptr::NonNull;
@@ -41,7 +42,7 @@ impl Arg {
 
 type Handler = fn(&Context, &[Arg]) -> Result<bool, RedisError>;
 
-/// Registers both commands. Key positions (first, last, step) let cluster clients route them
+/// Registers the commands. Key positions (first, last, step) let cluster clients route them
 /// and let the server refuse a cross-slot `RL.CHECKALL`. ACL categories are set where the
 /// server can (7.2+, Valkey 8); Redis 7.0 cannot give module commands categories.
 pub fn register(ctx: &Context) -> Result<(), RedisError> {
@@ -55,7 +56,7 @@ pub fn register(ctx: &Context) -> Result<(), RedisError> {
         c_int,
         &'static CStr,
     );
-    let commands: [Cmd; 2] = [
+    let commands: [Cmd; 3] = [
         (
             c"rl.check",
             Some(rl_check),
@@ -73,6 +74,15 @@ pub fn register(ctx: &Context) -> Result<(), RedisError> {
             -1,
             4,
             c"write",
+        ),
+        (
+            c"rl.settle",
+            Some(rl_settle),
+            c"write deny-oom fast",
+            1,
+            1,
+            1,
+            c"write fast",
         ),
     ];
     for (name, handler, flags, first, last, step, acl) in commands {
@@ -127,12 +137,31 @@ extern "C" fn rl_checkall(
     dispatch(ctx, argv, argc, check_many)
 }
 
+extern "C" fn rl_settle(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    context_call(ctx, argv, argc, settle_one, stats::record_settle)
+}
+
 /// Runs a command body: it replies itself on success; errors are replied here and counted.
 fn dispatch(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
     body: Handler,
+) -> c_int {
+    context_call(ctx, argv, argc, body, stats::record)
+}
+
+/// Runs a command body and counts its outcome with `record`.
+fn context_call(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+    body: Handler,
+    record: fn(bool),
 ) -> c_int {
     let context = Context::new(ctx);
     let args: &[Arg] = match usize::try_from(argc) {
@@ -142,7 +171,7 @@ fn dispatch(
         _ => &[],
     };
     match body(&context, args) {
-        Ok(allowed) => stats::record(allowed),
+        Ok(allowed) => record(allowed),
         Err(e) => {
             stats::record_error();
             context.reply(Err(e));
@@ -166,10 +195,30 @@ fn check_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
     let tat = storage::read(ctx, key.key())?;
     let d = check(&limit, cost, tat, now());
     if d.changed {
-        storage::write(ctx, key.key(), d.tat)?;
+        storage::write(ctx, key.key(), d.tat, linger_class(&limit))?;
     }
     reply(ctx, &d);
     Ok(d.allowed)
+}
+
+/// `RL.SETTLE key rate burst delta` → `[1, remaining, 0, reset_after_ms]`: charges `delta`
+/// tokens unconditionally (into debt if need be) or, when negative, refunds them up to full.
+fn settle_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
+    let [_, key, rate, burst, delta] = args else {
+        return Err(RedisError::WrongArity);
+    };
+    let limit = parse_limit(rate, burst)?;
+    let delta = parse_int(delta).ok_or(RedisError::Str(
+        "ERR delta must be an integer (tokens; negative refunds)",
+    ))?;
+    let tat = storage::read(ctx, key.key())?;
+    let d =
+        settle(&limit, delta, tat, now()).map_err(|e| RedisError::String(format!("ERR {e}")))?;
+    if d.changed {
+        storage::write(ctx, key.key(), d.tat, linger_class(&limit))?;
+    }
+    reply(ctx, &d);
+    Ok(true)
 }
 
 /// `RL.CHECKALL key rate burst cost [key rate burst cost ...]` → one reply of `RL.CHECK` per
@@ -180,6 +229,8 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
             return Err(RedisError::WrongArity);
         }
         let mut keys: Vec<&Arg> = Vec::new();
+        // Each bucket is written with the longest linger of the limits naming it.
+        let mut classes: Vec<u8> = Vec::new();
         // Key → bucket index once there are more than a few keys (linear search below that).
         let mut index: Option<HashMap<&[u8], usize>> = None;
         let mut checks = Vec::with_capacity((args.len() - 1) / 4);
@@ -196,6 +247,7 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
             };
             let bucket = found.unwrap_or_else(|| {
                 keys.push(key);
+                classes.push(0);
                 if let Some(map) = &mut index {
                     map.insert(key.bytes(), keys.len() - 1);
                 } else if keys.len() > 16 {
@@ -208,6 +260,9 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
                 }
                 keys.len() - 1
             });
+            if let Some(class) = classes.get_mut(bucket) {
+                *class = (*class).max(linger_class(&limit));
+            }
             checks.push(Check {
                 limit,
                 cost,
@@ -220,9 +275,9 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
             .collect::<Result<Vec<u64>, _>>()?;
         let mut tats = before.clone();
         let (all, decisions) = check_all(&checks, &mut tats, now());
-        for ((key, new), old) in keys.iter().zip(&tats).zip(&before) {
+        for (((key, new), old), class) in keys.iter().zip(&tats).zip(&before).zip(&classes) {
             if new != old {
-                storage::write(ctx, key.key(), *new)?;
+                storage::write(ctx, key.key(), *new, *class)?;
             }
         }
         raw::reply_with_array(ctx.ctx, decisions.len() as c_long);
@@ -270,7 +325,7 @@ fn reply(ctx: &Context, d: &Decision) {
     raw::reply_with_array(ctx.ctx, 4);
     for v in [
         i64::from(d.allowed),
-        saturate(d.remaining),
+        d.remaining,
         retry,
         saturate(d.reset_after_ms),
     ] {

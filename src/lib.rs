@@ -1,4 +1,4 @@
-//! `redis-ratelimit`: a Redis / Valkey module adding `RL.CHECK` and `RL.CHECKALL`, an exact
+//! `redis-ratelimit`: a Redis / Valkey module adding `RL.CHECK`, `RL.CHECKALL` and `RL.SETTLE`, an exact
 //! token bucket checked and updated inside the server in one round trip.
 //!
 //! This file only registers the module. The commands' registration, argument parsing and

@@ -5,40 +5,38 @@
 //! clock, so a replica or an AOF replay running it again would compute another bucket. The
 //! `SET` is deterministic, and a replica without the module follows it too.
 //!
-//! The value is one of 10 000 small integers. Like Redis with its own shared integers, the
-//! module creates each once, marks it immutable, and lets every key point to it, so a bucket
-//! costs what any key with a TTL costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives
-//! in the value object, and a shared one would blur it for every key (Redis stops sharing its
-//! integers then too).
+//! The value is one of 50 000 small integers (a linger class and a sub-millisecond phase).
+//! Like Redis with its own shared integers, the module creates each once, on first use, marks
+//! it immutable, and lets every key point to it, so a bucket costs what any key with a TTL
+//! costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives in the value
+//! object, and a shared one would blur it for every key (Redis stops sharing its integers then
+//! too).
 
 use redis_module::{raw, Context, RedisError};
-use redis_ratelimit_core::stored::{self, SUB_MS_VALUES};
+use redis_ratelimit_core::stored::{self, VALUES};
 use std::ffi::{c_int, c_longlong, c_uint};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 /// A key name from the running command's arguments (valid for the call).
 pub(crate) type KeyName = *mut raw::RedisModuleString;
 
-/// The shared value strings `"0"` ..= `"9999"`, created once at load and never freed: keys
-/// keep pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of the
-/// replicated `SET`, so replicating creates only the expiry's string.
+/// The shared value strings `"0"` ..= `"49999"`, each created the first time a bucket needs
+/// it and never freed: keys keep pointing at them, even after a `MODULE UNLOAD`. Also the
+/// `PXAT` argument of the replicated `SET`, so replicating creates only the expiry's string.
+///
+/// Created lazily because a deployment uses a few linger classes (one per distinct refill
+/// time), so most of the 50 000 are never needed.
 #[derive(Debug)]
 pub struct ValuePool {
-    values: Box<[SharedString]>,
-    pxat: SharedString,
-    /// The values were made immutable (see [`make_immutable`]) and may go into keys.
+    /// Null until created. Only the main thread, inside a command, reads or writes them: the
+    /// atomics just make the static safe to share without `unsafe impl Sync`.
+    values: Box<[AtomicPtr<raw::RedisModuleString>]>,
+    pxat: AtomicPtr<raw::RedisModuleString>,
+    /// The values may be made immutable (see [`make_immutable`]) and go into keys.
     shareable: bool,
 }
-
-#[derive(Debug)]
-struct SharedString(NonNull<raw::RedisModuleString>);
-
-// SAFETY: the strings are only touched by the server's main thread, holding the GIL, while a
-// command of this module runs; the static only needs them to be storable.
-unsafe impl Send for SharedString {}
-// SAFETY: as above.
-unsafe impl Sync for SharedString {}
 
 static POOL: OnceLock<ValuePool> = OnceLock::new();
 
@@ -48,44 +46,55 @@ impl ValuePool {
         if POOL.get().is_some() {
             return Ok(());
         }
-        let printf = api!(RedisModule_CreateStringPrintf)?;
         let shareable = immutable_refcount_supported()?;
-        let mut strings = Vec::with_capacity(usize::from(SUB_MS_VALUES));
-        for value in 0..SUB_MS_VALUES {
-            // Printf makes a RAW-encoded string (CreateString would make EMBSTR): reading a
-            // RAW value through StringDMA in read mode leaves it shared, an EMBSTR one would
-            // be copied into the key.
-            // SAFETY: NULL context (not auto-freed), a literal format taking one unsigned int.
-            let s = unsafe { printf(ptr::null_mut(), c"%u".as_ptr(), c_uint::from(value)) };
-            let s = NonNull::new(s).ok_or(RedisError::Str("could not allocate value pool"))?;
-            if shareable {
-                // SAFETY: a string just created by this module, layout probed above.
-                unsafe { make_immutable(s) };
-            }
-            strings.push(SharedString(s));
-        }
         let create = api!(RedisModule_CreateString)?;
         // SAFETY: NULL context (not auto-freed), a 4-byte literal.
         let pxat = unsafe { create(ptr::null_mut(), c"PXAT".as_ptr(), 4) };
-        let pxat = NonNull::new(pxat).ok_or(RedisError::Str("could not allocate value pool"))?;
+        if pxat.is_null() {
+            return Err(RedisError::Str("could not allocate value pool"));
+        }
+        let values = (0..VALUES)
+            .map(|_| AtomicPtr::new(ptr::null_mut()))
+            .collect();
         // Lost race impossible (OnLoad runs once on the main thread); ignore it anyway.
         let _ = POOL.set(ValuePool {
-            values: strings.into_boxed_slice(),
-            pxat: SharedString(pxat),
+            values,
+            pxat: AtomicPtr::new(pxat),
             shareable,
         });
         Ok(())
     }
 
-    fn get(value: u16) -> Option<*mut raw::RedisModuleString> {
-        POOL.get()?
-            .values
-            .get(usize::from(value))
-            .map(|s| s.0.as_ptr())
+    /// The shared string for `value`, created on first use.
+    fn get(value: u32) -> Result<*mut raw::RedisModuleString, RedisError> {
+        let pool = POOL
+            .get()
+            .ok_or(RedisError::Str("ERR value pool missing"))?;
+        let slot = usize::try_from(value)
+            .ok()
+            .and_then(|i| pool.values.get(i))
+            .ok_or(RedisError::Str("ERR value out of range"))?;
+        let existing = slot.load(Relaxed);
+        if !existing.is_null() {
+            return Ok(existing);
+        }
+        let printf = api!(RedisModule_CreateStringPrintf)?;
+        // Printf makes a RAW-encoded string (CreateString would make EMBSTR): reading a RAW
+        // value through StringDMA in read mode leaves it shared, an EMBSTR one would be
+        // copied into the key.
+        // SAFETY: NULL context (not auto-freed), a literal format taking one unsigned int.
+        let s = unsafe { printf(ptr::null_mut(), c"%u".as_ptr(), value as c_uint) };
+        let s = NonNull::new(s).ok_or(RedisError::Str("ERR could not allocate a value"))?;
+        if pool.shareable {
+            // SAFETY: a string just created by this module, layout probed at load.
+            unsafe { make_immutable(s) };
+        }
+        slot.store(s.as_ptr(), Relaxed);
+        Ok(s.as_ptr())
     }
 
     fn pxat() -> Option<*mut raw::RedisModuleString> {
-        POOL.get().map(|p| p.pxat.0.as_ptr())
+        POOL.get().map(|p| p.pxat.load(Relaxed))
     }
 }
 
@@ -136,9 +145,10 @@ pub(crate) fn read(ctx: &Context, key: KeyName) -> Result<u64, RedisError> {
         .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
 }
 
-/// Stores the bucket's TAT with its absolute expiry and replicates the effect.
-pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64) -> Result<(), RedisError> {
-    let s = stored::encode(tat);
+/// Stores the bucket's TAT, written under linger class `class`, with its absolute expiry, and
+/// replicates the effect.
+pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64, class: u8) -> Result<(), RedisError> {
+    let s = stored::encode(tat, class);
     let expire = c_longlong::try_from(s.expire_at_ms)
         .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
     let string_set = api!(RedisModule_StringSet)?;
@@ -151,11 +161,8 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64) -> Result<(), RedisEr
     )?
     .ok_or(RedisError::Str("ERR could not open the key for writing"))?;
 
-    let pooled = if may_share(ctx) {
-        ValuePool::get(s.sub_ms)
-    } else {
-        None
-    };
+    let value = ValuePool::get(s.value)?;
+    let pooled = may_share(ctx).then_some(value);
     let set = match pooled {
         // SAFETY: `k` is open for writing; the key takes its own reference to the string.
         Some(value) => unsafe { string_set(k.0.as_ptr(), value) },
@@ -165,7 +172,7 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64) -> Result<(), RedisEr
             // SAFETY: live context, literal format taking one unsigned int; the key keeps its
             // own reference, so ours is released right after.
             unsafe {
-                let value = printf(ctx.ctx, c"%u".as_ptr(), c_uint::from(s.sub_ms));
+                let value = printf(ctx.ctx, c"%u".as_ptr(), s.value as c_uint);
                 let set = string_set(k.0.as_ptr(), value);
                 free(ctx.ctx, value);
                 set
@@ -180,9 +187,7 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64) -> Result<(), RedisEr
         return Err(RedisError::Str("ERR could not set the key's expiry"));
     }
     drop(k);
-    let (Some(value), Some(pxat)) = (ValuePool::get(s.sub_ms), ValuePool::pxat()) else {
-        return Err(RedisError::Str("ERR value pool missing"));
-    };
+    let pxat = ValuePool::pxat().ok_or(RedisError::Str("ERR value pool missing"))?;
     // SAFETY: format "sssl" matches (RedisModuleString* ×3, long long); the pooled strings
     // outlive the call (the propagated command takes its own references).
     let replicated = unsafe {

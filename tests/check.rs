@@ -32,18 +32,18 @@ fn reply_fields_on_a_fresh_key() {
         let (allowed, remaining, retry, reset) = rl_check(&mut c, &k, PER_MINUTE_100, 20, 1);
         let after = server_ms(&mut c);
         assert_eq!((allowed, remaining, retry), (1, 19, 0), "{}", t.name);
-        // One token is back after 600 ms; reset is the key's TTL, so the sub-ms phase of the
-        // server clock may add one ms.
+        // One token is back after 600 ms (the sub-ms phase of the server clock may add one).
         assert!((600..=601).contains(&reset), "{}: reset {reset}", t.name);
+        // Refill time 12 s: the key lingers 15 s past full (class 3), value 3xxxx.
         let expire_at = pexpiretime(&mut c, &k);
         assert!(
-            expire_at - after <= reset && reset <= expire_at - before,
-            "{}: reset {reset} vs PEXPIRETIME {expire_at} in [{before}, {after}]",
+            expire_at - after <= reset + 15_000 && reset + 15_000 <= expire_at - before,
+            "{}: reset {reset} + 15 s vs PEXPIRETIME {expire_at} in [{before}, {after}]",
             t.name
         );
         let value: String = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
-        let sub: u16 = value.parse().expect("value is an integer");
-        assert!(sub < 10_000, "{}: value {value}", t.name);
+        let value: u32 = value.parse().expect("value is an integer");
+        assert_eq!(value / 10_000, 3, "{}: value {value}", t.name);
     }
 }
 
@@ -98,13 +98,8 @@ fn waiting_retry_after_is_enough() {
             "{}: after waiting {retry} ms",
             t.name
         );
-        // A full refill: the key is gone and the bucket full again.
+        // A full refill: the bucket is full again (the key lingers 1 s more).
         std::thread::sleep(Duration::from_millis(120));
-        assert!(
-            !exists(&mut c, &k),
-            "{}: key outlived a full bucket",
-            t.name
-        );
         assert_eq!(rl_check(&mut c, &k, "20", 2, 0), (1, 2, 0, 0), "{}", t.name);
     }
 }
@@ -150,30 +145,77 @@ fn peek_never_writes() {
     }
 }
 
+/// The key outlives its full bucket by its class's linger: never less, and gone by then.
 #[test]
-fn key_expires_exactly_when_the_bucket_is_full() {
+fn key_expires_one_linger_after_the_bucket_is_full() {
     for t in targets("expiry") {
         let mut c = t.conn();
         let k = t.key("e");
-        // 100 tokens/s, burst 5: taking 5 leaves a 50 ms deficit.
+        // 100 tokens/s, burst 5: taking 5 leaves a 50 ms deficit; refill 50 ms → linger 1 s.
         let before = server_ms(&mut c);
         let r = rl_check(&mut c, &k, "100", 5, 5);
         assert_eq!((r.0, r.1), (1, 0), "{}", t.name);
         let expire_at = pexpiretime(&mut c, &k);
         assert!(
-            (before + 50..=before + 52).contains(&expire_at),
+            (before + 1_050..=before + 1_052).contains(&expire_at),
             "{}: expiry {expire_at}, check at {before}",
             t.name
         );
-        // The stored TAT (expiry × 10^4 − value, in 100 ns ticks) is exactly 5 × 10 ms
+        // The stored TAT ((expiry − linger) × 10^4 − sub-ms ticks) is exactly 5 × 10 ms
         // after the check's own clock reading, which lies between `before` and now.
         let value: i64 = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
-        let tat_ticks = expire_at * 10_000 - value;
+        assert_eq!(value / 10_000, 1, "{}: class 1", t.name);
+        let tat_ticks = (expire_at - 1_000) * 10_000 - value % 10_000;
         assert!(tat_ticks > (before + 50) * 10_000 - 10_000, "{}", t.name);
-        // Wait until the expiry has passed on the server's clock: then full, key gone.
-        assert!(eventually(Duration::from_secs(2), || server_ms(&mut c) > expire_at));
+        // Full once the TAT has passed, while the key still lingers.
+        assert!(eventually(Duration::from_secs(2), || server_ms(&mut c)
+            > expire_at - 1_000));
         assert_eq!(rl_check(&mut c, &k, "100", 5, 0).1, 5, "{}", t.name);
-        assert!(!exists(&mut c, &k), "{}", t.name);
+        assert!(
+            exists(&mut c, &k) || server_ms(&mut c) >= expire_at,
+            "{}",
+            t.name
+        );
+        // Gone once the linger has passed on the server's clock.
+        assert!(eventually(Duration::from_secs(3), || !exists(&mut c, &k)));
+        assert!(server_ms(&mut c) >= expire_at, "{}: expired early", t.name);
+    }
+}
+
+/// Buckets written before the linger classes (value 0..9999, expiring exactly when full)
+/// read exactly, and the next write moves them to the new format.
+#[test]
+fn first_format_keys_read_exactly() {
+    for t in targets("oldformat") {
+        let mut c = t.conn();
+        let k = t.key("o");
+        // One token per hour, burst 3; TAT 1 h − 0.5001 ms ahead of `now`.
+        let now = server_ms(&mut c);
+        let _: () = redis::cmd("SET")
+            .arg(&k)
+            .arg(5001)
+            .arg("PXAT")
+            .arg(now + 3_600_000)
+            .query(&mut c)
+            .unwrap();
+        let (allowed, remaining, _, reset) = rl_check(&mut c, &k, PER_HOUR_1, 3, 0);
+        assert_eq!((allowed, remaining), (1, 2), "{}", t.name);
+        assert!(
+            (3_599_000..=3_600_000).contains(&reset),
+            "{}: reset {reset}",
+            t.name
+        );
+        let r = rl_check(&mut c, &k, PER_HOUR_1, 3, 1);
+        assert_eq!((r.0, r.1), (1, 1), "{}", t.name);
+        // Rewritten with 60 s of linger: TAT one more hour ahead, to the tick.
+        let value: i64 = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
+        assert_eq!(value, 45_001, "{}: class 4, same sub-ms phase", t.name);
+        assert_eq!(
+            pexpiretime(&mut c, &k),
+            now + 2 * 3_600_000 + 60_000,
+            "{}",
+            t.name
+        );
     }
 }
 
@@ -241,7 +283,9 @@ fn checkall_same_key_twice_counts_both() {
             t.name
         );
         let r = checkall(&mut c, &[&k, PER_HOUR_1, "3", "1", &k, "1000", "3", "0"]);
-        assert_eq!((r[0].0, r[0].1, r[1].0, r[1].1), (1, 0, 1, 0), "{}", t.name);
+        assert_eq!((r[0].0, r[0].1, r[1].0), (1, 0, 1), "{}", t.name);
+        // Under the second limit (3 ms to refill) a bucket 3 h from full is deep in debt.
+        assert!(r[1].1 < -10_000_000, "{}: {:?}", t.name, r[1]);
     }
 }
 
@@ -329,12 +373,13 @@ fn reads_buckets_written_in_the_documented_format() {
         let mut c = t.conn();
         let k = t.key("f");
         // One token an hour, one token missing, written the way a Lua script would: the TAT
-        // is an hour ahead, expiry rounded up to the ms, value the 100 ns ticks it rounded.
+        // is an hour ahead, expiry rounded up to the ms plus 60 s of linger (class 4), value
+        // the class and the 100 ns ticks it rounded.
         let now = server_ms(&mut c);
-        let expire_at = now + 3_600_000;
+        let expire_at = now + 3_600_000 + 60_000;
         let _: () = redis::cmd("SET")
             .arg(&k)
-            .arg(5000)
+            .arg(45000)
             .arg("PXAT")
             .arg(expire_at)
             .query(&mut c)
@@ -389,20 +434,26 @@ fn acl_can_deny_the_commands() {
         let mut admin = s.conn();
         // Valkey 8 (like Redis 7.2+) puts the commands in @write; Redis 7.0 cannot give module
         // commands categories, so there they are denied by name.
-        let rule = match flavor {
-            Flavor::Valkey => "-@write",
-            Flavor::Redis => "-rl.check",
+        let rules: &[&str] = match flavor {
+            Flavor::Valkey => &["-@write"],
+            Flavor::Redis => &["-rl.check", "-rl.settle"],
         };
         let _: () = redis::cmd("ACL")
-            .arg(&["SETUSER", "app", "on", ">pw", "~*", "+@all", rule])
+            .arg(&["SETUSER", "app", "on", ">pw", "~*", "+@all"])
+            .arg(rules)
             .query(&mut admin)
             .unwrap();
         let mut c = redis::Client::open(format!("redis://app:pw@127.0.0.1:{}/", s.port))
             .unwrap()
             .get_connection()
             .unwrap();
-        let err = expect_err(&mut c, &["RL.CHECK", "k", "1", "1"]);
-        assert!(err.to_lowercase().contains("noperm"), "{flavor:?}: {err}");
+        for cmd in [
+            &["RL.CHECK", "k", "1", "1"][..],
+            &["RL.SETTLE", "k", "1", "1", "1"],
+        ] {
+            let err = expect_err(&mut c, cmd);
+            assert!(err.to_lowercase().contains("noperm"), "{flavor:?}: {err}");
+        }
         assert!(!exists(&mut admin, "k"), "{flavor:?}");
     }
 }

@@ -70,6 +70,35 @@ const BAD: &[(&[&str], &str)] = &[
         &["RL.CHECKALL", "K", "1", "5", "1", "K", "nan", "1", "1"],
         "finite",
     ),
+    (&["RL.SETTLE", "K", "1", "5"], "wrong number of arguments"),
+    (
+        &["RL.SETTLE", "K", "1", "5", "1", "extra"],
+        "wrong number of arguments",
+    ),
+    (&["RL.SETTLE", "K", "x", "5", "1"], "rate must be a number"),
+    (&["RL.SETTLE", "K", "0", "5", "1"], "greater than 0"),
+    (&["RL.SETTLE", "K", "1", "0", "1"], "burst must be"),
+    (
+        &["RL.SETTLE", "K", "1", "5", "1.5"],
+        "delta must be an integer",
+    ),
+    (
+        &["RL.SETTLE", "K", "1", "5", "x"],
+        "delta must be an integer",
+    ),
+    (
+        &["RL.SETTLE", "K", "1", "5", "99999999999999999999"],
+        "delta must be an integer",
+    ),
+    // Debt beyond the format's bounds is refused, not wrapped.
+    (
+        &["RL.SETTLE", "K", "1", "5", "9223372036854775807"],
+        "debt for more than",
+    ),
+    (
+        &["RL.SETTLE", "K", "0.001", "5", "200001"],
+        "debt for more than",
+    ),
 ];
 
 #[test]
@@ -107,17 +136,22 @@ fn keys_that_are_not_buckets_are_refused_untouched() {
             .arg("x")
             .query(&mut c)
             .unwrap();
-        let err = expect_err(&mut c, &["RL.CHECK", &list, "1", "1"]);
-        assert!(
-            err.to_lowercase().contains("wrongtype"),
-            "{}: {err}",
-            t.name
-        );
+        for cmd in [
+            &["RL.CHECK", &list, "1", "1"][..],
+            &["RL.SETTLE", &list, "1", "1", "1"],
+        ] {
+            let err = expect_err(&mut c, cmd);
+            assert!(
+                err.to_lowercase().contains("wrongtype"),
+                "{}: {err}",
+                t.name
+            );
+        }
 
         // Strings that do not follow the stored format: wrong text, no expiry.
         let cases: &[(&str, &str, bool)] = &[
             ("text", "hello", true),
-            ("big", "10000", true),
+            ("big", "50000", true),
             ("padded", "0042", true),
             ("negative", "-1", true),
             ("persistent", "42", false),
@@ -143,6 +177,8 @@ fn keys_that_are_not_buckets_are_refused_untouched() {
                 &mut c,
                 &["RL.CHECKALL", &good, "1", "5", "1", &k, "1", "1", "1"],
             );
+            assert!(err.contains("not a rate-limit bucket"), "{}: {err}", t.name);
+            let err = expect_err(&mut c, &["RL.SETTLE", &k, "1", "5", "1"]);
             assert!(err.contains("not a rate-limit bucket"), "{}: {err}", t.name);
             assert!(
                 !exists(&mut c, &good),

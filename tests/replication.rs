@@ -19,7 +19,8 @@ fn snapshot(c: &mut Connection, keys: &[String]) -> Snapshot {
         .collect()
 }
 
-/// A mix of writes: fresh keys, repeated takes, weighted costs, RL.CHECKALL, refusals, peeks.
+/// A mix of writes: fresh keys, repeated takes, weighted costs, RL.CHECKALL, refusals, peeks,
+/// and RL.SETTLE charges (into debt), refunds and peeks.
 fn workload(c: &mut Connection) -> Vec<String> {
     let keys: Vec<String> = (0..20).map(|i| format!("{{t}}:k{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -39,6 +40,16 @@ fn workload(c: &mut Connection) -> Vec<String> {
         .arg(1)
         .query(c)
         .unwrap();
+    for (i, k) in keys.iter().enumerate().skip(10) {
+        let delta = [7, -2, 0, 40, -100][i % 5];
+        let _: Reply = redis::cmd("RL.SETTLE")
+            .arg(k)
+            .arg(SLOW)
+            .arg(5)
+            .arg(delta)
+            .query(c)
+            .unwrap();
+    }
     keys
 }
 

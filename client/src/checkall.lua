@@ -1,17 +1,23 @@
--- RL.CHECKALL as a Lua script, for servers that cannot load the module (managed Redis).
--- Same arguments, validation, reply and stored format as the module, so both can serve one
--- deployment side by side (see redis_ratelimit_core::stored):
+-- RL.CHECKALL (and RL.SETTLE) as a Lua script, for servers that cannot load the module
+-- (managed Redis). Same arguments, validation, reply and stored format as the module, so both
+-- can serve one deployment side by side (see redis_ratelimit_core::stored):
 --   KEYS = one bucket key per limit; ARGV = rate, burst, cost for each key, in order.
 --   Reply: one {allowed, remaining, retry_after_ms, reset_after_ms} per limit.
+-- With one more ARGV, the word 'settle', each triple is rate, burst, delta instead and every
+-- key is settled as RL.SETTLE would (charged into debt or refunded up to full), independently.
 -- Time is counted in ticks of 100 ns. Lua numbers are doubles, so every quantity is kept
 -- relative to the current millisecond (now_ms) and stays below 2^53: the arithmetic is then
 -- exact and gives the module's results.
 local TICKS_PER_MS = 10000
 local MAX_RATE = 10000000
 local MAX_REFILL = 1000000000000000
+local MAX_LEAD = 2 * MAX_REFILL
+local LINGER_MS = { [0] = 0, 1000, 4000, 15000, 60000 }
+local CLASSES = 5
 
 local n = #KEYS
-if n == 0 or #ARGV ~= 3 * n then
+local settling = n > 0 and #ARGV == 3 * n + 1 and ARGV[#ARGV] == 'settle'
+if n == 0 or (#ARGV ~= 3 * n and not settling) then
   return redis.error_reply("ERR wrong number of arguments for 'rl.checkall' command")
 end
 
@@ -57,8 +63,20 @@ for i = 1, n do
     return redis.error_reply('ERR burst / rate is too long (at most 100000000 seconds)')
   end
   local cost = integer(ARGV[3 * i])
-  if cost == nil or cost < 0 then return redis.error_reply('ERR cost must be an integer >= 0') end
-  limits[i] = { interval = interval, burst = burst, tau = burst * interval, cost = cost }
+  if settling then
+    if cost == nil then
+      return redis.error_reply('ERR delta must be an integer (tokens; negative refunds)')
+    end
+  elseif cost == nil or cost < 0 then
+    return redis.error_reply('ERR cost must be an integer >= 0')
+  end
+  -- Linger class: the smallest linger at least the refill time (stored::linger_class).
+  local refill_ms = math.ceil(burst * interval / TICKS_PER_MS)
+  local class = CLASSES - 1
+  for c = 1, CLASSES - 1 do
+    if LINGER_MS[c] >= refill_ms then class = c; break end
+  end
+  limits[i] = { interval = interval, burst = burst, tau = burst * interval, cost = cost, class = class }
 end
 
 local t = redis.call('TIME')
@@ -74,59 +92,113 @@ for i = 1, n do
     local expire_at = redis.call('PEXPIRETIME', k)
     if expire_at ~= -2 then
       local v = redis.call('GET', k) -- WRONGTYPE for another type
-      local sub = nil
-      if string.match(v, '^%d+$') and #v <= 4 and (v == '0' or string.sub(v, 1, 1) ~= '0') then
-        sub = tonumber(v)
+      local value = nil
+      if string.match(v, '^%d+$') and #v <= 5 and (v == '0' or string.sub(v, 1, 1) ~= '0') then
+        value = tonumber(v)
+        if value >= CLASSES * TICKS_PER_MS then value = nil end
       end
-      if sub == nil then
-        return redis.error_reply('ERR key is not a rate-limit bucket: its value is not an integer in 0..9999')
+      if value == nil then
+        return redis.error_reply('ERR key is not a rate-limit bucket: its value is not an integer in 0..49999')
       end
       if expire_at < 0 then
         return redis.error_reply('ERR key is not a rate-limit bucket: it has no expiry')
       end
-      tat = (expire_at - now_ms) * TICKS_PER_MS - sub
+      local sub = value % TICKS_PER_MS
+      local full_at = expire_at - LINGER_MS[(value - sub) / TICKS_PER_MS]
+      if full_at < 0 or full_at > 1844674407370955 or (full_at == 0 and sub > 0) then
+        return redis.error_reply('ERR key is not a rate-limit bucket: its expiry is out of range')
+      end
+      tat = (full_at - now_ms) * TICKS_PER_MS - sub
     end
     before[k] = tat
   end
 end
 
--- One limit against a bucket: redis_ratelimit_core::check, step for step.
+-- The reply for a bucket at `tat` (relative, not before now) under limit l.
+local function state(l, allowed, retry, tat)
+  local deficit = tat - now
+  local reset = 0
+  if deficit > 0 then reset = math.ceil(tat / TICKS_PER_MS) end
+  return { allowed, math.floor((l.tau - deficit) / l.interval), retry, reset }
+end
+
+-- Stores a bucket at `tat` (relative) written under linger class `class`.
+local function store(k, tat, class)
+  local full_rel = math.ceil(tat / TICKS_PER_MS)
+  local value = class * TICKS_PER_MS + (full_rel * TICKS_PER_MS - tat)
+  redis.call('SET', k, value, 'PXAT', now_ms + full_rel + LINGER_MS[class])
+end
+
+if settling then
+  -- redis_ratelimit_core::settle for each key: validate every debt first, then write.
+  local after, replies = {}, {}
+  for i = 1, n do
+    local l, k = limits[i], KEYS[i]
+    local tat = math.max(after[k] or before[k], now)
+    local delta = l.cost
+    local new = tat
+    if delta > 0 then
+      new = tat + delta * l.interval
+      if new - now > MAX_LEAD then
+        return redis.error_reply('ERR delta would put the bucket in debt for more than 200000000 seconds')
+      end
+    elseif delta < 0 then
+      new = math.max(tat + delta * l.interval, now)
+    end
+    after[k] = new
+    replies[i] = state(l, 1, 0, new)
+  end
+  for k, tat in pairs(after) do
+    if tat ~= math.max(before[k], now) then
+      local class = 0
+      for i = 1, n do
+        if KEYS[i] == k and limits[i].class > class then class = limits[i].class end
+      end
+      store(k, tat, class)
+    end
+  end
+  return replies
+end
+
+-- One limit against a bucket: redis_ratelimit_core::check, step for step. A TAT beyond
+-- now + tau (debt, a shrunk limit, a clock stepped back) is honoured, not clamped.
 local function evaluate(l, tat, take)
-  tat = math.min(math.max(tat, now), now + l.tau)
+  tat = math.max(tat, now)
   local used = tat - now
   local allowed, retry = 0, -1
-  if l.cost <= l.burst then
-    local need = l.cost * l.interval
-    if used + need <= l.tau then
+  if l.cost > l.burst then
+    allowed, retry = 0, -1
+  elseif l.cost == 0 then
+    allowed, retry = 1, 0
+  else
+    local short = used + l.cost * l.interval - l.tau
+    if short <= 0 then
       allowed, retry = 1, 0
     else
-      retry = math.ceil((used + need - l.tau) / TICKS_PER_MS)
+      retry = math.ceil(short / TICKS_PER_MS)
     end
   end
   local changed = take and allowed == 1 and l.cost > 0
   if changed then tat = tat + l.cost * l.interval end
-  local deficit = tat - now
-  local reset = 0
-  if deficit > 0 then reset = math.ceil(tat / TICKS_PER_MS) end
-  return { allowed, math.floor((l.tau - deficit) / l.interval), retry, reset }, tat, changed
+  return state(l, allowed, retry, tat), tat, changed
 end
 
--- All or nothing: a key named twice sees the earlier take.
-local tentative, replies, all = {}, {}, true
-for k, tat in pairs(before) do tentative[k] = tat end
+-- All or nothing: a key named twice sees the earlier take, and is written with the longest
+-- linger of the limits naming it.
+local tentative, classes, replies, all = {}, {}, {}, true
+for k, tat in pairs(before) do tentative[k] = tat; classes[k] = 0 end
 for i = 1, n do
-  local reply, tat, changed = evaluate(limits[i], tentative[KEYS[i]], true)
-  if changed then tentative[KEYS[i]] = tat end
+  local k = KEYS[i]
+  local reply, tat, changed = evaluate(limits[i], tentative[k], true)
+  if changed then tentative[k] = tat end
+  if limits[i].class > classes[k] then classes[k] = limits[i].class end
   if reply[1] == 0 then all = false end
   replies[i] = reply
 end
 
 if all then
   for k, tat in pairs(tentative) do
-    if tat ~= before[k] then
-      local expire_rel = math.ceil(tat / TICKS_PER_MS)
-      redis.call('SET', k, expire_rel * TICKS_PER_MS - tat, 'PXAT', now_ms + expire_rel)
-    end
+    if tat ~= before[k] then store(k, tat, classes[k]) end
   end
 else
   for i = 1, n do

@@ -467,7 +467,7 @@ impl Limiter {
                     outcome(
                         p,
                         verdict,
-                        d.remaining,
+                        d.remaining.max(0) as u64,
                         Duration::from_millis(d.reset_after_ms),
                     )
                 })

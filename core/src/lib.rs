@@ -5,7 +5,7 @@
 //! second is the same thing as a TAT that may run at most `burst / rate` seconds ahead of now;
 //! taking `cost` tokens pushes the TAT `cost / rate` seconds further. One number is the whole
 //! state, and "full" needs no state at all, which is why a Redis key holding a bucket can
-//! simply expire at its TAT.
+//! simply expire soon after its TAT.
 //!
 //! All times are integer [ticks](TICKS_PER_SECOND) of 100 ns since the Unix epoch, and the time
 //! per token is a whole number of ticks, so every step is exact integer arithmetic: no rounding
@@ -13,8 +13,8 @@
 //! stays below 2^53, so a Lua script (whose numbers are doubles) reproduces the same results
 //! bit for bit; see [`stored`] for the format shared with that script.
 //!
-//! The Redis module (`RL.CHECK`, `RL.CHECKALL`) and the client's local fallback both call
-//! [`check`] and [`check_all`]. Time is always passed in.
+//! The Redis module (`RL.CHECK`, `RL.CHECKALL`, `RL.SETTLE`) and the client's local fallback
+//! all call [`check`], [`check_all`] and [`settle`]. Time is always passed in.
 //!
 //! ```
 //! use redis_ratelimit_core::{check, Limit, TICKS_PER_SECOND};
@@ -178,17 +178,24 @@ impl fmt::Display for LimitError {
 
 impl std::error::Error for LimitError {}
 
+/// The longest a TAT may run ahead of now after [`settle`]: 2 × [`Limit::MAX_REFILL_TICKS`]
+/// (about 6.3 years). Debt past it is refused, never wrapped, and every value a Lua script
+/// handles stays below 2^53.
+pub const MAX_LEAD_TICKS: u64 = 2 * Limit::MAX_REFILL_TICKS;
+
 /// The outcome of one check against one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// The bucket held at least `cost` tokens.
     pub allowed: bool,
-    /// Whole tokens left after this check.
-    pub remaining: u64,
+    /// Whole tokens left after this check, rounded down; negative while the bucket is in
+    /// debt (after [`settle`], or drained under a larger burst than the current one).
+    pub remaining: i64,
     /// `Some(0)` when allowed; otherwise the wait in ms, rounded up, after which the same check
     /// is admitted (if nobody else takes tokens meanwhile). `None`: `cost > burst`, never.
     pub retry_after_ms: Option<u64>,
-    /// Milliseconds until the bucket is full again (0 if full): when its key expires.
+    /// Milliseconds until the bucket is full again (0 if full). The key itself lingers a
+    /// little longer (see [`stored`]).
     pub reset_after_ms: u64,
     /// The bucket's TAT after this check, in ticks.
     pub tat: u64,
@@ -201,46 +208,113 @@ pub struct Decision {
 ///
 /// A refused check changes nothing (`changed == false`, `tat` as it was); so does `cost == 0`,
 /// a peek.
+///
+/// A TAT more than `burst / rate` ahead of now is honoured, not clamped: it is debt charged by
+/// [`settle`], a bucket drained under a larger burst than this limit's, or a server clock that
+/// stepped back. The check is refused until refill has brought the bucket back within this
+/// limit, and `retry_after_ms` says exactly when that is.
 pub fn check(limit: &Limit, cost: u64, tat: u64, now: u64) -> Decision {
     evaluate(limit, cost, tat, now, true)
 }
 
 fn evaluate(limit: &Limit, cost: u64, tat: u64, now: u64, take: bool) -> Decision {
     let tau = limit.refill_ticks();
-    // Clamping to an empty bucket covers a TAT written under a larger burst (a policy that
-    // shrank) or a wall clock that stepped back: never more than `burst` ahead.
-    let tat = tat.clamp(now, now.saturating_add(tau));
+    let tat = tat.max(now);
     let used = tat - now; // the bucket's deficit, in ticks
     let (allowed, retry_after_ms) = if cost > limit.burst {
         (false, None)
+    } else if cost == 0 {
+        // A peek always fits, also in debt: it reports the state and takes nothing.
+        (true, Some(0))
     } else {
-        let need = cost * limit.interval;
-        if used + need <= tau {
+        // Ticks the bucket is short of `cost` tokens: 0 when they are there.
+        let short = used
+            .saturating_add(cost * limit.interval)
+            .saturating_sub(tau);
+        if short == 0 {
             (true, Some(0))
         } else {
-            (false, Some((used + need - tau).div_ceil(TICKS_PER_MS)))
+            (false, Some(short.div_ceil(TICKS_PER_MS)))
         }
     };
     let changed = take && allowed && cost > 0;
+    // Allowed means `used + cost × T <= τ`: no overflow.
     let new_tat = if changed {
-        tat.saturating_add(cost * limit.interval)
+        tat + cost * limit.interval
     } else {
         tat
     };
-    let deficit = new_tat - now;
+    decision(limit, allowed, retry_after_ms, new_tat, now, changed)
+}
+
+fn decision(
+    limit: &Limit,
+    allowed: bool,
+    retry_after_ms: Option<u64>,
+    tat: u64,
+    now: u64,
+    changed: bool,
+) -> Decision {
+    let deficit = tat - now;
+    let left = i128::from(limit.refill_ticks()) - i128::from(deficit);
+    let remaining = left.div_euclid(i128::from(limit.interval));
     Decision {
         allowed,
-        remaining: (tau - deficit) / limit.interval,
+        remaining: i64::try_from(remaining).unwrap_or(i64::MIN),
         retry_after_ms,
         reset_after_ms: if deficit == 0 {
             0
         } else {
-            stored::expire_at_ms(new_tat) - now / TICKS_PER_MS
+            stored::full_at_ms(tat) - now / TICKS_PER_MS
         },
-        tat: new_tat,
+        tat,
         changed,
     }
 }
+
+/// Charges (`delta > 0`) or refunds (`delta < 0`) tokens after the fact, unconditionally.
+///
+/// A charge may take the bucket past empty into debt: `remaining` goes negative, and
+/// [`check`] refuses until refill has repaid it. A refund never fills the bucket beyond full.
+/// `delta == 0` is a peek. Always `allowed`, with `retry_after_ms == Some(0)`.
+///
+/// Fails, changing nothing, when the debt would put the TAT more than [`MAX_LEAD_TICKS`]
+/// ahead of now.
+pub fn settle(limit: &Limit, delta: i64, tat: u64, now: u64) -> Result<Decision, SettleError> {
+    let tat = tat.max(now);
+    let new_tat = if delta >= 0 {
+        delta
+            .unsigned_abs()
+            .checked_mul(limit.interval)
+            .and_then(|ticks| tat.checked_add(ticks))
+            .filter(|t| t - now <= MAX_LEAD_TICKS || delta == 0)
+            .ok_or(SettleError::DebtTooLarge)?
+    } else {
+        let back = delta.unsigned_abs().saturating_mul(limit.interval);
+        tat.saturating_sub(back).max(now)
+    };
+    Ok(decision(limit, true, Some(0), new_tat, now, new_tat != tat))
+}
+
+/// Why [`settle`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// The debt would put the bucket more than [`MAX_LEAD_TICKS`] behind.
+    DebtTooLarge,
+}
+
+impl fmt::Display for SettleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::DebtTooLarge => {
+                "delta would put the bucket in debt for more than 200000000 seconds"
+            }
+        })
+    }
+}
+
+impl std::error::Error for SettleError {}
 
 /// One limit of a multi-limit check: `cost` tokens from the bucket at index `bucket` of the
 /// state slice given to [`check_all`].

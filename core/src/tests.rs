@@ -12,7 +12,7 @@ fn limit(rate: f64, burst: u64) -> Limit {
 // Numbered cases: (rate, burst, cost, tat relative to NOW (None = no key), expected
 // allowed, remaining, retry_after_ms, reset_after_ms).
 #[allow(clippy::type_complexity)]
-const CASES: &[(f64, u64, u64, Option<u64>, bool, u64, Option<u64>, u64)] = &[
+const CASES: &[(f64, u64, u64, Option<u64>, bool, i64, Option<u64>, u64)] = &[
     // 1. fresh key, 1 token out of 20 at 1 token / 600 ms
     (100.0 / 60.0, 20, 1, None, true, 19, Some(0), 600),
     // 2. fresh key, whole burst at once
@@ -42,6 +42,21 @@ const CASES: &[(f64, u64, u64, Option<u64>, bool, u64, Option<u64>, u64)] = &[
     (3.0, 1, 1, Some(1), false, 0, Some(1), 1),
     // 10. TAT in the past is a full bucket
     (1.0, 3, 1, Some(0), true, 2, Some(0), 1_000),
+    // 11. limit shrunk from burst 1000 to 10: the deficit is honoured, and the wait is true
+    (
+        1.0,
+        10,
+        1,
+        Some(1_000_000 * MS),
+        false,
+        -990,
+        Some(991_000),
+        1_000_000,
+    ),
+    // 12. in debt by 5 tokens: a peek reports it
+    (1.0, 10, 0, Some(15_000 * MS), true, -5, Some(0), 15_000),
+    // 13. a partial token of debt rounds remaining down
+    (1.0, 10, 0, Some(10_500 * MS), true, -1, Some(0), 10_500),
 ];
 
 #[test]
@@ -178,18 +193,27 @@ fn check_all_same_bucket_twice_sees_its_own_take() {
 
 #[test]
 fn stored_round_trip_and_canonical_values() {
-    let s = stored::encode(17_000_000_001_234_567);
+    let s = stored::encode(17_000_000_001_234_567, 0);
     assert_eq!(s.expire_at_ms, 1_700_000_000_124);
-    assert_eq!(s.sub_ms, 5433);
+    assert_eq!(s.value, 5433);
+    let s = stored::encode(17_000_000_001_234_567, 3);
+    assert_eq!(s.expire_at_ms, 1_700_000_015_124, "15 s of linger");
+    assert_eq!(s.value, 35_433);
+    assert_eq!(
+        stored::decode(1_700_000_015_124, b"35433"),
+        Ok(17_000_000_001_234_567)
+    );
+    // The first format: class 0, expiring when full.
     assert_eq!(
         stored::decode(1_700_000_000_124, b"5433"),
         Ok(17_000_000_001_234_567)
     );
-    assert_eq!(stored::encode(NOW).sub_ms, 0);
+    assert_eq!(stored::encode(NOW, 1).value, 10_000);
     for bad in [
         &b""[..],
         b"01",
-        b"10000",
+        b"50000",
+        b"100000",
         b"-1",
         b"+1",
         b"1.0",
@@ -198,11 +222,98 @@ fn stored_round_trip_and_canonical_values() {
     ] {
         assert_eq!(stored::parse_value(bad), None, "{bad:?}");
     }
+    assert_eq!(stored::parse_value(b"49999"), Some(49_999));
     assert_eq!(stored::decode(-1, b"0"), Err(stored::FormatError::NoExpiry));
     assert_eq!(
         stored::decode(i64::MAX, b"0"),
         Err(stored::FormatError::Expiry)
     );
+    // An expiry shorter than the class's linger is not a bucket this format wrote.
+    assert_eq!(
+        stored::decode(59_999, b"40000"),
+        Err(stored::FormatError::Expiry)
+    );
+}
+
+#[test]
+fn linger_follows_the_refill_time_within_bounds() {
+    // (rate, burst, class): refill times 10 ms, 1 s, 2 s, 12 s, 15 s, 1 h.
+    for (rate, burst, class) in [
+        (1000.0, 10, 1),
+        (10.0, 10, 1),
+        (5.0, 10, 2),
+        (100.0 / 60.0, 20, 3),
+        (1.0, 15, 3),
+        (1.0 / 3600.0, 1, 4),
+    ] {
+        let l = limit(rate, burst);
+        assert_eq!(stored::linger_class(&l), class, "rate {rate} burst {burst}");
+        assert!(stored::LINGER_MS[usize::from(class)] <= stored::MAX_LINGER_MS);
+    }
+}
+
+#[test]
+fn settle_charges_into_debt_and_refunds_up_to_full() {
+    let l = limit(1.0, 10); // 1 token/s, burst 10
+    let d = settle(&l, 25, 0, NOW).unwrap();
+    assert_eq!(
+        (d.allowed, d.remaining, d.retry_after_ms),
+        (true, -15, Some(0))
+    );
+    assert_eq!(d.reset_after_ms, 25_000);
+    assert!(d.changed);
+    // The debt survives the next check, which says truly how long to wait.
+    let refused = check(&l, 1, d.tat, NOW);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after_ms, Some(16_000));
+    assert_eq!(refused.tat, d.tat, "a refusal keeps the debt");
+    assert!(check(&l, 1, d.tat, NOW + 16_000 * TICKS_PER_SECOND / 1000).allowed);
+    // A refund never goes past full.
+    let full = settle(&l, -1_000, d.tat, NOW).unwrap();
+    assert_eq!(
+        (full.remaining, full.reset_after_ms, full.tat),
+        (10, 0, NOW)
+    );
+    let full = settle(&l, i64::MIN, d.tat, NOW).unwrap();
+    assert_eq!(full.tat, NOW);
+    // A peek writes nothing, even on a fresh bucket.
+    let peek = settle(&l, 0, 0, NOW).unwrap();
+    assert!(!peek.changed);
+    assert_eq!(peek.remaining, 10);
+    // Refunding a full bucket changes nothing.
+    assert!(!settle(&l, -3, 0, NOW).unwrap().changed);
+    // Debt past the format's bound is an error, not a wrap-around.
+    assert_eq!(settle(&l, i64::MAX, 0, NOW), Err(SettleError::DebtTooLarge));
+    let max = (MAX_LEAD_TICKS / l.interval_ticks()) as i64;
+    assert!(settle(&l, max, 0, NOW).is_ok());
+    assert_eq!(settle(&l, max + 1, 0, NOW), Err(SettleError::DebtTooLarge));
+}
+
+#[test]
+fn shrunk_limit_waits_exactly_what_it_says() {
+    // The case from the issue: 1000 taken under burst 1000, then checked under burst 10.
+    let big = limit(1.0, 1000);
+    let small = limit(1.0, 10);
+    let taken = check(&big, 1000, 0, NOW);
+    assert!(taken.allowed);
+    let d = check(&small, 1, taken.tat, NOW);
+    assert_eq!((d.allowed, d.retry_after_ms), (false, Some(991_000)));
+    let later = NOW + 991_000 * MS;
+    assert!(check(&small, 1, taken.tat, later).allowed);
+    assert!(!check(&small, 1, taken.tat, later - 1).allowed);
+}
+
+#[test]
+fn clock_stepping_back_is_honoured_and_truthful() {
+    let l = limit(10.0, 5); // 100 ms per token
+    let d = check(&l, 5, 0, NOW);
+    // The clock steps back 30 s: the bucket looks 30 s further from full.
+    let back = NOW - 30 * TICKS_PER_SECOND;
+    let r = check(&l, 1, d.tat, back);
+    assert!(!r.allowed);
+    let ms = r.retry_after_ms.unwrap();
+    assert_eq!(ms, 30_100);
+    assert!(check(&l, 1, d.tat, back + ms * MS).allowed);
 }
 
 /// One step of a random schedule: advance the clock, then check `cost` tokens.
@@ -252,7 +363,7 @@ proptest! {
             let d = check(&l, cost, tat, now);
             if !d.allowed || cost == 0 {
                 prop_assert!(!d.changed);
-                prop_assert_eq!(d.tat, tat.clamp(now, now + l.refill_ticks()));
+                prop_assert_eq!(d.tat, tat.max(now));
             } else {
                 prop_assert!(d.changed);
                 tat = d.tat;
@@ -294,13 +405,16 @@ proptest! {
             if d.changed { tat = d.tat; }
             let reset_at = now + d.reset_after_ms * MS;
             let at_reset = check(&l, 0, d.tat, reset_at);
-            prop_assert_eq!(at_reset.remaining, l.burst(), "not full at reset");
+            prop_assert_eq!(at_reset.remaining, l.burst() as i64, "not full at reset");
             if d.reset_after_ms > 0 {
                 let before = check(&l, 0, d.tat, d.tat - 1);
-                prop_assert!(before.remaining < l.burst(), "full before the TAT");
-                let s = stored::encode(d.tat);
-                prop_assert_eq!(s.expire_at_ms - now / MS, d.reset_after_ms);
-                prop_assert_eq!(stored::decode(s.expire_at_ms as i64, s.sub_ms.to_string().as_bytes()), Ok(d.tat));
+                prop_assert!(before.remaining < l.burst() as i64, "full before the TAT");
+                let class = stored::linger_class(&l);
+                let s = stored::encode(d.tat, class);
+                let linger = stored::LINGER_MS[usize::from(class)];
+                prop_assert_eq!(s.expire_at_ms - now / MS, d.reset_after_ms + linger);
+                prop_assert!(linger <= stored::MAX_LINGER_MS);
+                prop_assert_eq!(stored::decode(s.expire_at_ms as i64, s.value.to_string().as_bytes()), Ok(d.tat));
             }
         }
     }
@@ -323,5 +437,117 @@ proptest! {
             let span = window.front().map_or(0, |w| now - w.0);
             prop_assert!(total * l.interval_ticks() <= l.refill_ticks() + span);
         }
+    }
+}
+
+/// A starting TAT anywhere from long past to ten refill times ahead (debt, a shrunk limit or a
+/// clock that stepped back), as a multiple of the refill time in tenths.
+fn start_lead() -> impl Strategy<Value = Option<u64>> {
+    prop::option::of(0u64..100)
+}
+
+fn start_tat(l: &Limit, lead: Option<u64>) -> u64 {
+    lead.map_or(0, |tenths| NOW + l.refill_ticks() * tenths / 10)
+}
+
+/// Steps that either check `cost` tokens or settle a charge of `cost` more.
+fn mixed_steps() -> impl Strategy<Value = Vec<(u64, u64, bool)>> {
+    prop::collection::vec(
+        (
+            0u64..3 * TICKS_PER_SECOND,
+            0u64..6,
+            prop::bool::weighted(0.2),
+        ),
+        1..150,
+    )
+}
+
+proptest! {
+    /// Over every window [t1, t2] between any two steps (not only from the first admission),
+    /// from any starting state and with charges settled in between, the tokens admitted by
+    /// checks are at most burst + rate × (t2 − t1).
+    #[test]
+    fn sliding_windows_never_over_admit(l in limits(), lead in start_lead(), steps in mixed_steps()) {
+        let mut now = NOW;
+        let mut tat = start_tat(&l, lead);
+        let mut log: Vec<(u64, u64)> = Vec::new(); // (time, tokens admitted by a check)
+        for (dt, cost, is_settle) in steps {
+            now += dt;
+            if is_settle {
+                tat = settle(&l, cost as i64, tat, now).unwrap().tat;
+                log.push((now, 0));
+            } else {
+                let d = check(&l, cost, tat, now);
+                if d.changed { tat = d.tat; }
+                log.push((now, if d.allowed { cost } else { 0 }));
+            }
+        }
+        for i in 0..log.len() {
+            let mut tokens = 0;
+            for &(t2, c) in &log[i..] {
+                tokens += c;
+                prop_assert!(tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - log[i].0));
+            }
+        }
+    }
+
+    /// From a TAT far ahead, waiting exactly `retry_after_ms` is enough, and not a tick less
+    /// than the whole milliseconds before it.
+    #[test]
+    fn retry_after_is_true_from_far_ahead(l in limits(), lead in start_lead(), cost in 1u64..6, jitter in 0..MS) {
+        let tat = start_tat(&l, lead);
+        let now = NOW + jitter;
+        let d = check(&l, cost, tat, now);
+        match d.retry_after_ms {
+            None => prop_assert!(cost > l.burst()),
+            Some(0) => prop_assert!(d.allowed),
+            Some(ms) => {
+                prop_assert!(!d.allowed);
+                prop_assert_eq!(d.tat, tat.max(now), "a refusal keeps the state");
+                prop_assert!(check(&l, cost, tat, now + ms * MS).allowed);
+                prop_assert!(!check(&l, cost, tat, now + (ms - 1) * MS).allowed);
+            }
+        }
+    }
+
+    /// Debt from a settle survives later checks: none is admitted before refill repaid it.
+    #[test]
+    fn debt_survives_checks(l in limits(), debt in 1i64..100, steps in steps()) {
+        let d = settle(&l, l.burst() as i64 + debt, 0, NOW).unwrap();
+        prop_assert!(d.remaining <= -debt);
+        let repaid_at = NOW + (debt as u64) * l.interval_ticks();
+        let mut now = NOW;
+        let mut tat = d.tat;
+        for (dt, cost) in steps {
+            now += dt / 10;
+            let c = check(&l, cost.max(1), tat, now);
+            if c.allowed {
+                prop_assert!(now >= repaid_at, "admitted while in debt");
+                tat = c.tat;
+            }
+        }
+    }
+
+    /// A refund never fills the bucket past full, and a charge followed by the same refund
+    /// is a no-op while the bucket stays in range.
+    #[test]
+    fn refunds_stop_at_full(l in limits(), lead in start_lead(), delta in 0i64..1000) {
+        let tat = start_tat(&l, lead);
+        let charged = settle(&l, delta, tat, NOW).unwrap();
+        let back = settle(&l, -delta, charged.tat, NOW).unwrap();
+        prop_assert_eq!(back.tat, tat.max(NOW));
+        let refunded = settle(&l, -delta - 1_000_000, tat, NOW).unwrap();
+        prop_assert!(refunded.remaining <= l.burst() as i64);
+        prop_assert!(refunded.tat >= NOW);
+    }
+
+    /// Every TAT and class round-trips through the stored format, and the key never expires
+    /// before the bucket is full nor later than the longest linger after it.
+    #[test]
+    fn stored_round_trip(tat in NOW..NOW + MAX_LEAD_TICKS, class in 0u8..5) {
+        let s = stored::encode(tat, class);
+        prop_assert_eq!(stored::decode(s.expire_at_ms as i64, s.value.to_string().as_bytes()), Ok(tat));
+        prop_assert!(s.expire_at_ms * MS >= tat);
+        prop_assert!(s.expire_at_ms * MS < tat + (stored::MAX_LINGER_MS + 1) * MS);
     }
 }
