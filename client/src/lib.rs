@@ -17,6 +17,8 @@
 //!   semantics and the same stored format is used instead, by itself.
 //! - [`Decision`] says allowed, remaining, retry-after, reset, which policy decided and where
 //!   the answer came from ([`Source`]).
+//! - Costs known only afterwards (LLM tokens, rows scanned): [`Limiter::reserve`] an estimate,
+//!   then [`Reservation::settle`] the real cost, into debt if need be (`RL.SETTLE`).
 //!
 //! ```no_run
 //! use redis_ratelimit_client::{Limiter, Policy};
@@ -40,6 +42,7 @@
 //! - `ratelimit_store_errors_total{kind}`: `timeout`, `transport`, `server`, `protocol`
 //! - `ratelimit_breaker_open` (gauge, 0 or 1)
 //! - `ratelimit_script_fallback_total`, `ratelimit_local_overflow_total`
+//! - `ratelimit_settle_dropped_total`: settlements of fail-closed policies during an outage
 
 mod breaker;
 mod decision;
@@ -51,6 +54,7 @@ mod key;
 mod limiter;
 mod local;
 mod policy;
+mod reservation;
 mod store;
 
 pub use decision::{Decision, PolicyOutcome, Source, Verdict};
@@ -58,7 +62,9 @@ pub use error::Error;
 pub use key::{slot, KeyLayout};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{FailMode, Policy, PolicyBuilder};
+pub use reservation::Reservation;
 
 /// The Lua script used where the module is not loaded: `RL.CHECKALL`'s arguments, reply
-/// and stored format (see `redis_ratelimit_core::stored`).
+/// and stored format (see `redis_ratelimit_core::stored`); with a last argument `settle`,
+/// `RL.SETTLE` for each key.
 pub const CHECKALL_SCRIPT: &str = store::CHECKALL_LUA;

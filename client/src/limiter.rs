@@ -5,7 +5,8 @@ use crate::breaker::{Admission, Breaker};
 use crate::deny_cache::DenyCache;
 use crate::error::StoreError;
 use crate::local::LocalBuckets;
-use crate::store::{Item, Reply, Store};
+use crate::reservation::{Held, Reservation};
+use crate::store::{Item, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Limit};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -227,24 +228,156 @@ impl Limiter {
         policies: &[(&Policy, u64)],
     ) -> Result<Decision, Error> {
         let started = Instant::now();
-        let d = self.decide(subject, policies).await;
-        if let Ok(d) = &d {
-            let source = d.source.as_str();
-            let allowed = if d.is_allowed() { "true" } else { "false" };
-            metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.name().to_owned()).increment(1);
-            metrics::histogram!("ratelimit_check_duration_seconds", "source" => source)
-                .record(started.elapsed().as_secs_f64());
-        }
+        let planned = self.plan(subject, policies)?;
+        let d = self.decide(&planned).await;
+        observe(started, &d);
         d
     }
 
-    async fn decide(&self, subject: &str, policies: &[(&Policy, u64)]) -> Result<Decision, Error> {
+    /// Reserves an estimate now and settles the real cost later, for costs known only after
+    /// the work (tokens an LLM generated, rows a report scanned, bytes sent).
+    ///
+    /// The estimates are checked like [`check`](Self::check)'s costs. If the reservation is
+    /// allowed, [`Reservation::settle`] charges or refunds the difference between the actual
+    /// cost and the estimate in one round trip, unconditionally: a bucket may go into debt,
+    /// and later checks wait it out. A reservation dropped unsettled (the request failed, a
+    /// task was cancelled) refunds its whole estimate, in a background task.
+    ///
+    /// ```no_run
+    /// # use redis_ratelimit_client::{Limiter, Policy};
+    /// # async fn demo(limiter: Limiter) -> Result<(), redis_ratelimit_client::Error> {
+    /// let llm = Policy::builder("llm").per_minute(10_000).burst(10_000).build()?;
+    /// let r = limiter.reserve("api-key-123", &[(&llm, 1_000)]).await?;
+    /// if r.is_allowed() {
+    ///     let used = 4_000; // what the model really generated
+    ///     let after = r.settle(used).await?; // charges 3 000 more, into debt if need be
+    ///     # let _ = after;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn reserve(
+        &self,
+        subject: &str,
+        policies: &[(&Policy, u64)],
+    ) -> Result<Reservation, Error> {
+        let started = Instant::now();
+        let planned = self.plan(subject, policies)?;
+        let d = self.decide(&planned).await;
+        observe(started, &d);
+        let d = d?;
+        let held = if d.is_allowed() {
+            planned
+                .into_iter()
+                .map(|p| Held {
+                    policy: p.policy.clone(),
+                    key: p.key,
+                    whole_key: p.whole_key,
+                    estimate: p.cost,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Reservation::new(self.clone(), held, d))
+    }
+
+    /// Settles `deltas` (one per held policy) against the store, or the local buckets when
+    /// it cannot be asked.
+    pub(crate) async fn settle_held(
+        &self,
+        held: &[Held],
+        deltas: &[i64],
+    ) -> Result<Decision, Error> {
+        let inner = &self.inner;
+        let now = Instant::now();
+        if let Admission::Reject(_) = inner.breaker.admit(now) {
+            return Ok(self.settle_locally(held, deltas));
+        }
+        let items: Vec<SettleItem<'_>> = held
+            .iter()
+            .zip(deltas)
+            .map(|(h, &delta)| SettleItem {
+                key: &h.key,
+                rate: h.policy.bucket_rate_arg(),
+                burst: h.policy.bucket_limit().burst(),
+                delta,
+            })
+            .collect();
+        let asked = tokio::time::timeout(inner.timeout, inner.store.settle(&items)).await;
+        match asked.unwrap_or(Err(StoreError::Timeout)) {
+            Ok(replies) => {
+                self.store_answered();
+                let outcomes = held
+                    .iter()
+                    .zip(replies)
+                    .map(|(h, [_, remaining, _, reset_ms])| PolicyOutcome {
+                        policy: h.policy.clone(),
+                        verdict: Verdict::Allowed,
+                        remaining: remaining.max(0) as u64 * u64::from(h.policy.shards()),
+                        reset_after: Duration::from_millis(reset_ms.max(0) as u64),
+                    })
+                    .collect();
+                Ok(Decision::from_outcomes(outcomes, Source::Store)
+                    .unwrap_or_else(unreachable_empty))
+            }
+            Err(e) if e.is_transient() => {
+                self.store_failed(&e);
+                Ok(self.settle_locally(held, deltas))
+            }
+            Err(e) => Err(self.store_refused(e)),
+        }
+    }
+
+    /// The store cannot be asked: fail-open policies settle against their local bucket (the
+    /// one their checks fall back to); fail-closed ones refuse every check meanwhile, so
+    /// their settlement is dropped and counted.
+    fn settle_locally(&self, held: &[Held], deltas: &[i64]) -> Decision {
+        let pods = self.inner.pods.load(Relaxed);
+        let mut open = Vec::new();
+        for (h, &delta) in held.iter().zip(deltas) {
+            if h.policy.fail_mode() == FailMode::Open && self.inner.local_fallback {
+                let share = h.policy.limit().split(pods).unwrap_or(*h.policy.limit());
+                open.push((h.whole_key.as_deref().unwrap_or(&h.key), share, delta));
+            } else {
+                metrics::counter!("ratelimit_settle_dropped_total").increment(1);
+            }
+        }
+        let mut local = self.inner.local.settle(&open, now_ticks()).into_iter();
+        let mut any_open = false;
+        let outcomes = held
+            .iter()
+            .map(|h| {
+                let d = (h.policy.fail_mode() == FailMode::Open && self.inner.local_fallback)
+                    .then(|| local.next())
+                    .flatten();
+                any_open |= d.is_some();
+                PolicyOutcome {
+                    policy: h.policy.clone(),
+                    verdict: Verdict::Allowed,
+                    remaining: d.map_or(0, |d| d.remaining.max(0) as u64),
+                    reset_after: Duration::from_millis(d.map_or(0, |d| d.reset_after_ms)),
+                }
+            })
+            .collect();
+        let source = if any_open {
+            Source::LocalFallback
+        } else {
+            Source::FailClosed
+        };
+        Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
+    }
+
+    fn plan<'a>(
+        &self,
+        subject: &str,
+        policies: &[(&'a Policy, u64)],
+    ) -> Result<Vec<Planned<'a>>, Error> {
         let inner = &self.inner;
         if policies.is_empty() {
             return Err(Error::Config("a check needs at least one policy".into()));
         }
         let tag = inner.layout.subject_tag(subject.as_bytes());
-        let planned: Vec<Planned<'_>> = policies
+        Ok(policies
             .iter()
             .map(|&(policy, cost)| {
                 let whole = inner.layout.key(&tag, policy.name());
@@ -264,43 +397,55 @@ impl Limiter {
                     whole_key,
                 }
             })
-            .collect();
+            .collect())
+    }
 
+    async fn decide(&self, planned: &[Planned<'_>]) -> Result<Decision, Error> {
+        let inner = &self.inner;
         let now = Instant::now();
-        if let Some(d) = self.answer_from_deny_cache(&planned, now) {
+        if let Some(d) = self.answer_from_deny_cache(planned, now) {
             return Ok(d);
         }
         if let Admission::Reject(probe_at) = inner.breaker.admit(now) {
-            return Ok(self.fallback(&planned, probe_at.saturating_duration_since(now)));
+            return Ok(self.fallback(planned, probe_at.saturating_duration_since(now)));
         }
-        let asked = tokio::time::timeout(inner.timeout, self.ask_store(&planned)).await;
-        let result = asked.unwrap_or(Err(StoreError::Timeout));
-        match result {
+        let asked = tokio::time::timeout(inner.timeout, self.ask_store(planned)).await;
+        match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                if inner.breaker.on_success() {
-                    tracing::info!("ratelimit: store reachable again, breaker closed");
-                    metrics::gauge!("ratelimit_breaker_open").set(0.0);
-                }
+                self.store_answered();
                 // Retry-After counts from the reply, not from before the round trip.
-                Ok(self.answer_from_store(&planned, &replies, Instant::now()))
+                Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
-                metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
-                if inner.breaker.on_failure(Instant::now()) {
-                    tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
-                    metrics::gauge!("ratelimit_breaker_open").set(1.0);
-                }
-                Ok(self.fallback(&planned, inner.probe_interval))
+                self.store_failed(&e);
+                Ok(self.fallback(planned, inner.probe_interval))
             }
-            Err(e) => {
-                metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
-                // The store answered: it is up, whatever the answer.
-                inner.breaker.on_success();
-                Err(match e {
-                    StoreError::Server(e) => Error::Server(e),
-                    other => Error::Protocol(other.to_string()),
-                })
-            }
+            Err(e) => Err(self.store_refused(e)),
+        }
+    }
+
+    fn store_answered(&self) {
+        if self.inner.breaker.on_success() {
+            tracing::info!("ratelimit: store reachable again, breaker closed");
+            metrics::gauge!("ratelimit_breaker_open").set(0.0);
+        }
+    }
+
+    fn store_failed(&self, e: &StoreError) {
+        metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+        if self.inner.breaker.on_failure(Instant::now()) {
+            tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
+            metrics::gauge!("ratelimit_breaker_open").set(1.0);
+        }
+    }
+
+    fn store_refused(&self, e: StoreError) -> Error {
+        metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+        // The store answered: it is up, whatever the answer.
+        self.inner.breaker.on_success();
+        match e {
+            StoreError::Server(e) => Error::Server(e),
+            other => Error::Protocol(other.to_string()),
         }
     }
 
@@ -481,6 +626,17 @@ impl Limiter {
             (Source::FailOpen, outcomes)
         };
         Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
+    }
+}
+
+/// Counts a decision and how long it took.
+fn observe(started: Instant, d: &Result<Decision, Error>) {
+    if let Ok(d) = d {
+        let source = d.source.as_str();
+        let allowed = if d.is_allowed() { "true" } else { "false" };
+        metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.name().to_owned()).increment(1);
+        metrics::histogram!("ratelimit_check_duration_seconds", "source" => source)
+            .record(started.elapsed().as_secs_f64());
     }
 }
 

@@ -6,7 +6,7 @@
 //! if every bucket is active, a new subject is checked against a fresh bucket that is not
 //! kept (counted in `ratelimit_local_overflow_total`).
 
-use redis_ratelimit_core::{check_all, Check, Decision, Limit};
+use redis_ratelimit_core::{check_all, settle, Check, Decision, Limit};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -79,6 +79,30 @@ impl LocalBuckets {
             map.insert((*key).into(), tat);
         }
         (all, decisions)
+    }
+
+    /// Settles `(key, limit, delta)` at `now`, as `RL.SETTLE` would; a debt beyond the
+    /// format's bound is capped there rather than refused (the work was done either way).
+    pub(crate) fn settle(&self, items: &[(&str, Limit, i64)], now: u64) -> Vec<Decision> {
+        let mut guard = self.tats.lock().unwrap_or_else(|p| p.into_inner());
+        let map = &mut guard.tats;
+        items
+            .iter()
+            .map(|&(key, limit, delta)| {
+                let tat = map.get(key).copied().unwrap_or(0);
+                let d = settle(&limit, delta, tat, now).unwrap_or_else(|_| {
+                    let most = redis_ratelimit_core::MAX_LEAD_TICKS / limit.interval_ticks();
+                    let room =
+                        most.saturating_sub(tat.saturating_sub(now) / limit.interval_ticks());
+                    settle(&limit, room as i64, tat, now)
+                        .unwrap_or_else(|_| redis_ratelimit_core::check(&limit, 0, tat, now))
+                });
+                if d.changed && (map.len() < self.capacity || map.contains_key(key)) {
+                    map.insert(key.into(), d.tat);
+                }
+                d
+            })
+            .collect()
     }
 
     #[cfg(test)]

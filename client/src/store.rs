@@ -19,6 +19,15 @@ pub(crate) struct Item<'a> {
     pub(crate) cost: u64,
 }
 
+/// One bucket of a settle call: `delta` tokens charged (> 0) or refunded (< 0).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SettleItem<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) rate: &'a str,
+    pub(crate) burst: u64,
+    pub(crate) delta: i64,
+}
+
 /// One `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 pub(crate) type Reply = [i64; 4];
 
@@ -142,12 +151,7 @@ impl Store {
 
     /// Checks `items` atomically (all keys must share a slot).
     pub(crate) async fn check_all(&self, items: &[Item<'_>]) -> Result<Vec<Reply>, StoreError> {
-        let mut conn = self.conn.get().cloned().ok_or_else(|| {
-            StoreError::Transport(redis::RedisError::from((
-                redis::ErrorKind::ClusterConnectionNotFound,
-                "not connected yet",
-            )))
-        })?;
+        let mut conn = self.connection()?;
         if !self.use_script.load(Relaxed) {
             let mut cmd = redis::cmd("RL.CHECKALL");
             for i in items {
@@ -155,13 +159,7 @@ impl Store {
             }
             match cmd.query_async::<Vec<Reply>>(&mut conn).await {
                 Ok(r) => return check_len(r, items.len()),
-                Err(e) if is_unknown_command(&e) => {
-                    // Managed servers cannot load modules: same semantics, same keys, by script.
-                    if !self.use_script.swap(true, Relaxed) {
-                        tracing::warn!("ratelimit: RL.CHECKALL unknown, using the Lua script");
-                        metrics::counter!("ratelimit_script_fallback_total").increment(1);
-                    }
-                }
+                Err(e) if is_unknown_command(&e) => self.switch_to_script(),
                 Err(e) => return Err(StoreError::from_redis(e)),
             }
         }
@@ -174,6 +172,56 @@ impl Store {
             .await
             .map_err(StoreError::from_redis)?;
         check_len(r, items.len())
+    }
+}
+
+impl Store {
+    /// Settles each item (one `RL.SETTLE` per bucket, pipelined into one round trip; the
+    /// script settles them all in one call where the module is not loaded).
+    pub(crate) async fn settle(&self, items: &[SettleItem<'_>]) -> Result<Vec<Reply>, StoreError> {
+        let mut conn = self.connection()?;
+        if !self.use_script.load(Relaxed) {
+            let mut pipe = redis::pipe();
+            for i in items {
+                pipe.cmd("RL.SETTLE")
+                    .arg(i.key)
+                    .arg(i.rate)
+                    .arg(i.burst)
+                    .arg(i.delta);
+            }
+            match pipe.query_async::<Vec<Reply>>(&mut conn).await {
+                Ok(r) => return check_len(r, items.len()),
+                Err(e) if is_unknown_command(&e) => self.switch_to_script(),
+                Err(e) => return Err(StoreError::from_redis(e)),
+            }
+        }
+        let mut invocation = self.script.prepare_invoke();
+        for i in items {
+            invocation.key(i.key).arg(i.rate).arg(i.burst).arg(i.delta);
+        }
+        invocation.arg("settle");
+        let r = invocation
+            .invoke_async::<Vec<Reply>>(&mut conn)
+            .await
+            .map_err(StoreError::from_redis)?;
+        check_len(r, items.len())
+    }
+
+    fn connection(&self) -> Result<Conn, StoreError> {
+        self.conn.get().cloned().ok_or_else(|| {
+            StoreError::Transport(redis::RedisError::from((
+                redis::ErrorKind::ClusterConnectionNotFound,
+                "not connected yet",
+            )))
+        })
+    }
+
+    /// Managed servers cannot load modules: same semantics, same keys, by script.
+    fn switch_to_script(&self) {
+        if !self.use_script.swap(true, Relaxed) {
+            tracing::warn!("ratelimit: module commands unknown, using the Lua script");
+            metrics::counter!("ratelimit_script_fallback_total").increment(1);
+        }
     }
 }
 

@@ -1,0 +1,106 @@
+//! Reserve an estimate, settle the real cost after the work: [`Limiter::reserve`].
+
+use crate::{Decision, Error, Limiter, Policy};
+
+/// One policy of an allowed reservation: where its tokens were taken, and how many.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) policy: Policy,
+    pub(crate) key: String,
+    /// For a sharded policy, the unsharded key (the local fallback's bucket).
+    pub(crate) whole_key: Option<String>,
+    pub(crate) estimate: u64,
+}
+
+/// Tokens reserved by [`Limiter::reserve`], to be settled with the real cost.
+///
+/// - [`settle`](Self::settle) charges `actual − estimate` more, or refunds the difference, in
+///   one round trip. A charge is unconditional: the work already happened, so the bucket may
+///   go into debt and later checks are refused until refill has repaid it.
+/// - Dropped unsettled, it refunds the whole estimate in a background task on the current
+///   Tokio runtime (the request failed, or its task was cancelled), so a failure costs the
+///   subject nothing. Outside a runtime nothing is refunded.
+/// - A refused reservation holds nothing: settling or dropping it does nothing.
+/// - While the store cannot be asked, fail-open policies settle against the local bucket
+///   their checks fall back to; fail-closed ones refuse every check meanwhile, and their
+///   settlement is dropped (counted in `ratelimit_settle_dropped_total`).
+#[derive(Debug)]
+#[must_use = "settle it with the actual cost; dropping it refunds the estimate"]
+pub struct Reservation {
+    limiter: Limiter,
+    held: Vec<Held>,
+    decision: Decision,
+}
+
+impl Reservation {
+    pub(crate) fn new(limiter: Limiter, held: Vec<Held>, decision: Decision) -> Self {
+        Self {
+            limiter,
+            held,
+            decision,
+        }
+    }
+
+    /// The check of the estimates.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Whether the estimates were admitted (the work may proceed).
+    pub fn is_allowed(&self) -> bool {
+        self.decision.is_allowed()
+    }
+
+    /// Settles every policy of the reservation at `actual` tokens. Returns the buckets'
+    /// state after it (`remaining` is 0 while in debt); a refused reservation returns its
+    /// decision unchanged.
+    pub async fn settle(self, actual: u64) -> Result<Decision, Error> {
+        let actual = vec![actual; self.held.len()];
+        self.settle_each(&actual).await
+    }
+
+    /// Settles each policy at its own actual cost, in the order they were reserved.
+    pub async fn settle_each(mut self, actual: &[u64]) -> Result<Decision, Error> {
+        let held = std::mem::take(&mut self.held);
+        if held.is_empty() {
+            return Ok(self.decision.clone());
+        }
+        if actual.len() != held.len() {
+            // Keep the reservation to refund it on drop.
+            self.held = held;
+            return Err(Error::Config(format!(
+                "{} actual costs for {} reserved policies",
+                actual.len(),
+                self.held.len()
+            )));
+        }
+        let deltas: Vec<i64> = held
+            .iter()
+            .zip(actual)
+            .map(|(h, &a)| signed(a).saturating_sub(signed(h.estimate)))
+            .collect();
+        self.limiter.settle_held(&held, &deltas).await
+    }
+}
+
+fn signed(tokens: u64) -> i64 {
+    i64::try_from(tokens).unwrap_or(i64::MAX)
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        let limiter = self.limiter.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
+                if let Err(e) = limiter.settle_held(&held, &deltas).await {
+                    tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");
+                }
+            });
+        }
+    }
+}
