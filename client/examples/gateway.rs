@@ -8,6 +8,10 @@
 //!
 //! - `GET /api/{anything}`: 100 per minute per `X-API-Key`, burst 20, fail-open.
 //! - `POST /login`: 5 per minute per `X-API-Key`, burst 5, fail-closed.
+//! - `POST /llm`: 10 000 tokens per minute per `X-API-Key`, burst 10 000, charged after the
+//!   fact: the request's `X-Estimated-Tokens` (default 1) is reserved, the stand-in upstream
+//!   answers with `X-Used-Tokens` (the request's `X-Actual-Tokens`, default the estimate),
+//!   and the difference is settled, into debt if the estimate was low.
 //! - No `X-API-Key`: `401` problem+json.
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:8080`), `REDIS_URL` (default
@@ -16,6 +20,7 @@
 //! `scripts/bench/http`).
 
 use axum::extract::Path;
+use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use redis_ratelimit_client::http::{RateLimitLayer, Route};
@@ -37,9 +42,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .burst(5)
         .fail_closed()
         .build()?;
+    let llm = Policy::builder("llm")
+        .per_minute(10_000)
+        .burst(10_000)
+        .build()?;
     let limits = RateLimitLayer::builder(limiter)
         .route(Route::get("/api/").policy(api, 1))
         .route(Route::post("/login").policy(login, 1))
+        .route(Route::post("/llm").metered(
+            llm,
+            |h| tokens(h, "x-estimated-tokens").unwrap_or(1),
+            |h| tokens(h, "x-used-tokens"),
+        ))
         .build();
 
     let app = Router::new()
@@ -53,10 +67,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/login",
             post(|| async { Json(serde_json::json!({ "ok": true })) }),
         )
+        .route("/llm", post(llm_upstream))
         .layer(limits);
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     eprintln!("gateway: http://{listen} (limits in {redis})");
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+fn tokens(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// Stands in for a model: "generates" `X-Actual-Tokens` tokens (default: the estimate) and
+/// says so in `X-Used-Tokens`, as an LLM proxy reports usage.
+async fn llm_upstream(headers: HeaderMap) -> (HeaderMap, Json<serde_json::Value>) {
+    let used = tokens(&headers, "x-actual-tokens")
+        .or_else(|| tokens(&headers, "x-estimated-tokens"))
+        .unwrap_or(1);
+    let mut out = HeaderMap::new();
+    out.insert("x-used-tokens", used.into());
+    (
+        out,
+        Json(serde_json::json!({ "ok": true, "used_tokens": used })),
+    )
 }

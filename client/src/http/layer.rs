@@ -10,6 +10,29 @@ use std::sync::Arc;
 /// Finds a request's subject (API key, user id, client IP) in its headers and extensions.
 pub type SubjectFn = Arc<dyn Fn(&HeaderMap, &Extensions) -> Option<String> + Send + Sync>;
 
+/// The estimated cost of a request, from its headers (e.g. `X-Estimated-Tokens`).
+pub type RequestCostFn = Arc<dyn Fn(&HeaderMap) -> u64 + Send + Sync>;
+/// The actual cost of a request, from its response's headers (e.g. `X-Used-Tokens` set by the
+/// upstream); `None` keeps the estimate.
+pub type ResponseCostFn = Arc<dyn Fn(&HeaderMap) -> Option<u64> + Send + Sync>;
+
+/// A policy charged after the fact: the estimate is reserved before the request, the
+/// difference to the actual cost settled from the response (see [`Route::metered`]).
+#[derive(Clone)]
+pub(crate) struct Meter {
+    pub(crate) policy: Policy,
+    pub(crate) estimate: RequestCostFn,
+    pub(crate) actual: ResponseCostFn,
+}
+
+impl fmt::Debug for Meter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Meter")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A route group: requests matching a method (or any) and a path pattern, limited by one or
 /// more policies checked atomically, each with its cost.
 #[derive(Debug, Clone)]
@@ -18,6 +41,7 @@ pub struct Route {
     path: String,
     prefix: bool,
     pub(crate) policies: Vec<(Policy, u64)>,
+    pub(crate) meter: Option<Meter>,
 }
 
 impl Route {
@@ -28,6 +52,7 @@ impl Route {
             path: prefix.into(),
             prefix: true,
             policies: Vec::new(),
+            meter: None,
         }
     }
 
@@ -38,6 +63,7 @@ impl Route {
             path: path.into(),
             prefix: false,
             policies: Vec::new(),
+            meter: None,
         }
     }
 
@@ -62,6 +88,26 @@ impl Route {
     #[must_use]
     pub fn policy(mut self, policy: Policy, cost: u64) -> Self {
         self.policies.push((policy, cost));
+        self
+    }
+
+    /// Adds a policy whose cost is known only after the response: `estimate` of the request
+    /// is reserved up front (checked with the route's other policies, atomically), and once
+    /// the inner service answers, the difference to `actual` of the response is settled,
+    /// into debt if the estimate was low. A request whose service fails (an error, not an
+    /// error status) refunds everything. One metered policy per route; the last one set wins.
+    #[must_use]
+    pub fn metered(
+        mut self,
+        policy: Policy,
+        estimate: impl Fn(&HeaderMap) -> u64 + Send + Sync + 'static,
+        actual: impl Fn(&HeaderMap) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.meter = Some(Meter {
+            policy,
+            estimate: Arc::new(estimate),
+            actual: Arc::new(actual),
+        });
         self
     }
 

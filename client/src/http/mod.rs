@@ -27,6 +27,9 @@ mod retry;
 mod service;
 
 pub use headers::HeaderStyle;
-pub use layer::{MissingSubject, RateLimitLayer, RateLimitLayerBuilder, Route, SubjectFn};
+pub use layer::{
+    MissingSubject, RateLimitLayer, RateLimitLayerBuilder, RequestCostFn, ResponseCostFn, Route,
+    SubjectFn,
+};
 pub use retry::{retry_delay, retry_delay_with_jitter};
 pub use service::{RateLimitService, ResponseFuture};

@@ -43,6 +43,8 @@ where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     B: Send + 'static,
+    // Held across the settle after a metered response.
+    ResBody: Send,
 {
     type Response = Response<Either<ResBody, Full<Bytes>>>;
     type Error = S::Error;
@@ -82,12 +84,46 @@ where
                     }
                 },
             };
+            // A metered policy reserves its estimate now and settles from the response.
+            let meter = route
+                .meter
+                .as_ref()
+                .filter(|_| policies.len() == route.policies.len());
+            if let Some(m) = meter {
+                policies.push((&m.policy, (m.estimate)(req.headers())));
+            }
             if policies.is_empty() {
                 return inner.call(req).await.map(pass);
             }
-            match config.limiter.check(&subject, &policies).await {
+            let (decision, reservation) = if meter.is_some() {
+                match config.limiter.reserve(&subject, &policies).await {
+                    Ok(r) => (Ok(r.decision().clone()), Some(r)),
+                    Err(e) => (Err(e), None),
+                }
+            } else {
+                (config.limiter.check(&subject, &policies).await, None)
+            };
+            match decision {
                 Ok(d) if d.is_allowed() => {
+                    // An error from the service drops the reservation: a full refund.
                     let mut r = inner.call(req).await?;
+                    let d = match (reservation, meter) {
+                        (Some(res), Some(m)) => {
+                            let actual: Vec<u64> = policies
+                                .iter()
+                                .enumerate()
+                                .map(|(i, &(_, cost))| match i + 1 == policies.len() {
+                                    true => (m.actual)(r.headers()).unwrap_or(cost),
+                                    false => cost,
+                                })
+                                .collect();
+                            res.settle_each(&actual).await.unwrap_or_else(|e| {
+                                tracing::error!(error = %e, "ratelimit: settle failed");
+                                d
+                            })
+                        }
+                        _ => d,
+                    };
                     headers::write(r.headers_mut(), &d, config.style);
                     Ok(pass(r))
                 }
