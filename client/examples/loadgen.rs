@@ -8,10 +8,15 @@
 //!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1]
 //! ```
 //!
-//! Open loop: checks are started on schedule whether or not earlier ones have returned, so
-//! a slow store shows up as latency, not as a lower offered rate. Latency is that of
-//! `check()` as the app sees it. With `--keys 1` this is the exactness test: `allowed` must
-//! not exceed `allowed_bound` = burst + limit / period × elapsed seconds.
+//! Open loop: check `i` is due at `start + i / rate` and started then whether or not earlier
+//! ones have returned, and its latency is measured **from when it was due**, not from when
+//! its task happened to run: queueing inside the load generator counts (no coordinated
+//! omission). With `--keys 1` this is the exactness test: `allowed` must not exceed
+//! `allowed_bound` = burst + limit / period × elapsed seconds.
+//!
+//! Also reported: the load generator's own CPU per check (user and system, from
+//! `/proc/self/stat`, all threads) and, on a single server, the server's CPU per call (`INFO
+//! cpu` delta over `RL.CHECKALL` calls), for comparison with a C client's.
 
 use hdrhistogram::Histogram;
 use redis_ratelimit_client::{Limiter, Policy, Source};
@@ -129,76 +134,56 @@ async fn run(a: Args) {
         let _ = l.check_one(&policy, "warmup", 0).await;
     }
 
+    let server = (!a.cluster).then(|| ServerCpu::read(&a.redis)).flatten();
+    let cpu_before = process_cpu();
     let counts = Arc::new(Counts::default());
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
     let subjects: Arc<Vec<String>> = Arc::new((0..a.keys).map(|i| format!("key{i}")).collect());
-    // Pacing runs on its own thread, waking every ~50 us, so checks start spread out rather
-    // than in one burst per millisecond (tokio's timer resolution).
+    // Pacing runs on its own thread, waking every ~50 us (finer than tokio's 1 ms timer);
+    // each wake hands the runtime one batch of due checks, so the cross-thread wake-up is
+    // paid per batch, not per check.
     let done = Arc::new(AtomicU64::new(0));
-    let handle = tokio::runtime::Handle::current();
     let started = Instant::now();
     let end = Duration::from_secs_f64(a.duration);
-    let pacer = {
-        let (pods, subjects, policy, counts, hist, done) = (
-            pods.clone(),
-            subjects.clone(),
-            policy.clone(),
-            counts.clone(),
-            hist.clone(),
-            done.clone(),
-        );
-        std::thread::spawn(move || {
-            let mut launched: u64 = 0;
-            loop {
-                let elapsed = started.elapsed();
-                if elapsed >= end {
-                    return launched;
-                }
-                let due = (elapsed.as_secs_f64() * a.rate as f64) as u64;
-                while launched < due {
-                    let limiter = pods[(launched % a.pods) as usize].clone();
-                    let subject = subjects[rand::random_range(0..subjects.len())].clone();
-                    let (policy, counts, hist, done) =
-                        (policy.clone(), counts.clone(), hist.clone(), done.clone());
-                    handle.spawn(async move {
-                        let t = Instant::now();
-                        let d = limiter.check_one(&policy, &subject, 1).await;
-                        let us = t.elapsed().as_micros() as u64;
-                        if let Ok(mut h) = hist.lock() {
-                            let _ = h.record(us.max(1));
-                        }
-                        counts.checks.fetch_add(1, Relaxed);
-                        done.fetch_add(1, Relaxed);
-                        match d {
-                            Ok(d) => {
-                                let by_source = match d.source {
-                                    Source::Store => &counts.store,
-                                    Source::DenyCache => &counts.deny_cache,
-                                    Source::LocalFallback => &counts.local_fallback,
-                                    Source::FailOpen => &counts.fail_open,
-                                    _ => &counts.fail_closed,
-                                };
-                                by_source.fetch_add(1, Relaxed);
-                                let verdict = if d.is_allowed() {
-                                    &counts.allowed
-                                } else {
-                                    &counts.denied
-                                };
-                                verdict.fetch_add(1, Relaxed);
-                            }
-                            Err(_) => {
-                                counts.errors.fetch_add(1, Relaxed);
-                            }
-                        }
-                    });
-                    launched += 1;
-                }
-                std::thread::sleep(Duration::from_micros(50));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+    let rate = a.rate;
+    let pacer = std::thread::spawn(move || {
+        let mut launched: u64 = 0;
+        loop {
+            let elapsed = started.elapsed();
+            if elapsed >= end {
+                return launched;
             }
-        })
-    };
+            let due = (elapsed.as_secs_f64() * rate as f64) as u64;
+            if due > launched && tx.send((launched, due)).is_err() {
+                return launched;
+            }
+            launched = launched.max(due);
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    });
+    let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
+    while let Some((from, to)) = rx.recv().await {
+        for i in from..to {
+            let limiter = pods[(i % a.pods) as usize].clone();
+            let subject = subjects.clone();
+            let pick = rand::random_range(0..subject.len());
+            let (policy, counts, hist, done) =
+                (policy.clone(), counts.clone(), hist.clone(), done.clone());
+            let due = started + per_check.mul_f64(i as f64);
+            tokio::spawn(async move {
+                let d = limiter.check_one(&policy, &subject[pick], 1).await;
+                let us = due.elapsed().as_micros() as u64;
+                if let Ok(mut h) = hist.lock() {
+                    let _ = h.record(us.max(1));
+                }
+                counts.record(&d);
+                done.fetch_add(1, Relaxed);
+            });
+        }
+    }
     let launched = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
         .await
         .expect("pacer");
@@ -206,6 +191,10 @@ async fn run(a: Args) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = process_cpu().since(cpu_before);
+    let server_us = server
+        .and_then(|before| Some((before, ServerCpu::read(&a.redis)?)))
+        .map(|(b, now)| now.per_call_us(&b));
 
     let h = hist.lock().expect("histogram");
     let c = &*counts;
@@ -216,7 +205,9 @@ async fn run(a: Args) {
             "{{\"checks\":{},\"allowed\":{},\"denied\":{},\"store\":{},\"fail_open\":{},",
             "\"fail_closed\":{},\"local_fallback\":{},\"deny_cache\":{},\"errors\":{},",
             "\"checks_per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
-            "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1}}}"
+            "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1},",
+            "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
+            "\"client_sys_us_per_check\":{:.2},\"server_cpu_us_per_call\":{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -237,5 +228,110 @@ async fn run(a: Args) {
         a.keys,
         a.rate,
         bound,
+        cpu.total_us() / n(&c.checks).max(1) as f64,
+        cpu.user_us / n(&c.checks).max(1) as f64,
+        cpu.sys_us / n(&c.checks).max(1) as f64,
+        server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
     );
+}
+
+impl Counts {
+    fn record(&self, d: &Result<redis_ratelimit_client::Decision, redis_ratelimit_client::Error>) {
+        self.checks.fetch_add(1, Relaxed);
+        match d {
+            Ok(d) => {
+                let by_source = match d.source {
+                    Source::Store => &self.store,
+                    Source::DenyCache => &self.deny_cache,
+                    Source::LocalFallback => &self.local_fallback,
+                    Source::FailOpen => &self.fail_open,
+                    _ => &self.fail_closed,
+                };
+                by_source.fetch_add(1, Relaxed);
+                let verdict = if d.is_allowed() {
+                    &self.allowed
+                } else {
+                    &self.denied
+                };
+                verdict.fetch_add(1, Relaxed);
+            }
+            Err(_) => {
+                self.errors.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// This process's CPU time so far, all threads (`/proc/self/stat`, Linux).
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    user_us: f64,
+    sys_us: f64,
+}
+
+impl Cpu {
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            user_us: self.user_us - before.user_us,
+            sys_us: self.sys_us - before.sys_us,
+        }
+    }
+
+    fn total_us(self) -> f64 {
+        self.user_us + self.sys_us
+    }
+}
+
+fn process_cpu() -> Cpu {
+    // Fields 14 and 15 (utime, stime) in clock ticks, after the parenthesised command name;
+    // Linux reports them at USER_HZ = 100.
+    const US_PER_TICK: f64 = 10_000.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Cpu {
+        user_us: tick(11) * US_PER_TICK,
+        sys_us: tick(12) * US_PER_TICK,
+    }
+}
+
+/// The server's CPU seconds and `RL.CHECKALL` calls, from `INFO`.
+#[derive(Debug, Clone, Copy)]
+struct ServerCpu {
+    cpu_s: f64,
+    calls: f64,
+}
+
+impl ServerCpu {
+    fn read(url: &str) -> Option<Self> {
+        let mut c = redis::Client::open(url).ok()?.get_connection().ok()?;
+        let info: String = redis::cmd("INFO").arg("everything").query(&mut c).ok()?;
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let calls = info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_rl.checkall:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Some(Self {
+            cpu_s: field("used_cpu_sys:") + field("used_cpu_user:"),
+            calls,
+        })
+    }
+
+    fn per_call_us(&self, before: &Self) -> f64 {
+        (self.cpu_s - before.cpu_s) * 1e6 / (self.calls - before.calls).max(1.0)
+    }
 }

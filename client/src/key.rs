@@ -42,15 +42,25 @@ impl KeyLayout {
 
     /// The hashed subject: 11 base64url characters.
     pub fn subject_tag(&self, subject: &[u8]) -> String {
+        String::from_utf8_lossy(&self.tag(subject)).into_owned()
+    }
+
+    /// [`subject_tag`](Self::subject_tag) on the stack (the check path's form).
+    pub(crate) fn tag(&self, subject: &[u8]) -> [u8; 11] {
         let h = xxh3_64_with_seed(subject, self.seed);
-        (0..11)
-            .map(|i| char::from(B64URL[((h >> (6 * i)) & 63) as usize]))
-            .collect()
+        std::array::from_fn(|i| B64URL[((h >> (6 * i)) & 63) as usize])
     }
 
     /// The key of `policy`'s bucket for the subject tagged `tag`.
     pub fn key(&self, tag: &str, policy: &str) -> String {
-        format!("{}:{{{tag}}}:{policy}", self.prefix)
+        // One allocation of the exact size: this runs on every check.
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + policy.len() + 4);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(tag);
+        key.push_str("}:");
+        key.push_str(policy);
+        key
     }
 
     /// The key of sub-bucket `shard` (of `shards`) of `policy` for the subject `tag`:

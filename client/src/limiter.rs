@@ -376,16 +376,17 @@ impl Limiter {
         if policies.is_empty() {
             return Err(Error::Config("a check needs at least one policy".into()));
         }
-        let tag = inner.layout.subject_tag(subject.as_bytes());
+        let tag = inner.layout.tag(subject.as_bytes());
+        let tag = std::str::from_utf8(&tag).unwrap_or_default();
         Ok(policies
             .iter()
             .map(|&(policy, cost)| {
-                let whole = inner.layout.key(&tag, policy.name());
+                let whole = inner.layout.key(tag, policy.name());
                 let (key, whole_key) = if policy.shards() > 1 {
                     let shard = rand::random_range(0..policy.shards());
                     let key = inner
                         .layout
-                        .shard_key(&tag, policy.name(), shard, policy.shards());
+                        .shard_key(tag, policy.name(), shard, policy.shards());
                     (key, Some(whole))
                 } else {
                     (whole, None)
@@ -450,13 +451,22 @@ impl Limiter {
     }
 
     fn answer_from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
+        // The common case, a single policy, looks its key up once and allocates nothing
+        // unless it is refused.
+        let (first, hit) = planned
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| self.inner.deny.get(&p.key, p.cost, now).map(|hit| (i, hit)))?;
+        let mut hit = Some(hit);
         let hits: Vec<_> = planned
             .iter()
-            .map(|p| self.inner.deny.get(&p.key, p.cost, now))
+            .enumerate()
+            .map(|(i, p)| match i.cmp(&first) {
+                std::cmp::Ordering::Less => None,
+                std::cmp::Ordering::Equal => hit.take(),
+                std::cmp::Ordering::Greater => self.inner.deny.get(&p.key, p.cost, now),
+            })
             .collect();
-        if hits.iter().all(Option::is_none) {
-            return None;
-        }
         let outcomes = planned
             .iter()
             .zip(hits)
@@ -634,7 +644,7 @@ fn observe(started: Instant, d: &Result<Decision, Error>) {
     if let Ok(d) = d {
         let source = d.source.as_str();
         let allowed = if d.is_allowed() { "true" } else { "false" };
-        metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.name().to_owned()).increment(1);
+        metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.metric_label()).increment(1);
         metrics::histogram!("ratelimit_check_duration_seconds", "source" => source)
             .record(started.elapsed().as_secs_f64());
     }

@@ -33,7 +33,8 @@ pub struct Policy(Arc<Inner>);
 
 #[derive(PartialEq)]
 struct Inner {
-    name: String,
+    /// Shared, so metrics can label with it on every check without copying it.
+    name: Arc<str>,
     count: u64,
     period: Duration,
     burst: u64,
@@ -113,6 +114,11 @@ impl Policy {
     /// The whole policy's limit, as the core checks it.
     pub fn limit(&self) -> &Limit {
         &self.0.limit
+    }
+
+    /// The name as a metrics label value (no copy).
+    pub(crate) fn metric_label(&self) -> metrics::SharedString {
+        metrics::SharedString::from_shared(self.0.name.clone())
     }
 
     pub(crate) fn bucket_rate_arg(&self) -> &str {
@@ -219,7 +225,7 @@ impl PolicyBuilder {
         let shard_limit =
             Limit::new(shard_rate, burst / shards).map_err(|e| invalid(e.to_string()))?;
         Ok(Policy(Arc::new(Inner {
-            name: self.name,
+            name: self.name.into(),
             count: self.count,
             period: self.period,
             burst,
