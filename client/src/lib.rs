@@ -40,11 +40,14 @@
 //! - `ratelimit_store_errors_total{kind}`: `timeout`, `transport`, `server`, `protocol`
 //! - `ratelimit_breaker_open` (gauge, 0 or 1)
 //! - `ratelimit_script_fallback_total`, `ratelimit_local_overflow_total`
+//! - In-service limits (module `guard`, feature `guard`): `guard_*`, listed there.
 
 mod breaker;
 mod decision;
 mod deny_cache;
 mod error;
+#[cfg(feature = "guard")]
+pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
