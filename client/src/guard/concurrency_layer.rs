@@ -429,6 +429,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
     use std::convert::Infallible;
 
     /// A service that takes `latency` (tokio time) per call.
@@ -549,5 +550,43 @@ mod tests {
         assert!(a.await.unwrap() && b.await.unwrap());
         let s = l.stats();
         assert_eq!((s.in_flight, s.queued, s.refused), (0, 0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn publishes_limit_in_flight_and_refused() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let l = layer(0);
+        let svc = l.errors().layer(Slow(Duration::from_millis(20)));
+        let calls: Vec<_> = (0..3)
+            .map(|i| {
+                let mut s = svc.clone();
+                tokio::spawn(async move { call(&mut s, i).await.is_ok() })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let mut ok = 0;
+        for c in calls {
+            ok += usize::from(c.await.unwrap());
+        }
+        assert_eq!(ok, 2);
+        let values: HashMap<String, f64> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(k, .., v)| {
+                let v = match v {
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    DebugValue::Counter(c) => c as f64,
+                    DebugValue::Histogram(_) => f64::NAN,
+                };
+                (k.key().name().to_string(), v)
+            })
+            .collect();
+        assert_eq!(values["guard_concurrency_limit"], 2.0);
+        assert_eq!(values["guard_concurrency_in_flight"], 0.0);
+        assert_eq!(values["guard_concurrency_refused_total"], 1.0);
     }
 }

@@ -13,6 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+#[cfg(test)]
+use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -283,5 +285,90 @@ where
         }
         let fut = self.inner.call(req);
         Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+    use std::convert::Infallible;
+
+    /// Answers every request, HTTP or not, with `200 ok`.
+    #[derive(Clone)]
+    struct Ok200;
+
+    impl<T: Send + 'static> Service<T> for Ok200 {
+        type Response = Response<&'static str>;
+        type Error = Infallible;
+        type Future = GuardFuture<Self::Response, Infallible>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: T) -> Self::Future {
+            Box::pin(async { Ok(Response::new("ok")) })
+        }
+    }
+
+    fn limiter() -> LocalLimiter {
+        // 1 per hour: no token comes back during a test.
+        LocalLimiter::new(Policy::builder("sms").per_hour(1).burst(5).build().unwrap())
+    }
+
+    fn req(tenant: &str, cost: &str) -> Request<()> {
+        Request::builder()
+            .header("x-tenant", tenant)
+            .header("x-cost", cost)
+            .body(())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn http_per_key_with_costs_answers_429_with_headers() {
+        let layer = LocalLimitLayer::new(limiter())
+            .per_key(|h, _| h.get("x-tenant")?.to_str().ok().map(str::to_owned))
+            .cost(|h, _| {
+                h.get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            });
+        let mut svc = layer.layer(Ok200);
+        let r = svc.call(req("a", "3")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["ratelimit"].to_str().unwrap().split(';').nth(1),
+            Some("r=2")
+        );
+        let r = svc.call(req("a", "3")).await.unwrap();
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        assert!(r.headers().contains_key("retry-after"));
+        // Another tenant has its own bucket.
+        assert_eq!(svc.call(req("b", "5")).await.unwrap().status(), 200);
+        // More than the burst can never pass: 429 without Retry-After.
+        let r = svc.call(req("c", "6")).await.unwrap();
+        assert_eq!(r.status(), 429);
+        assert!(!r.headers().contains_key("retry-after"));
+    }
+
+    #[tokio::test]
+    async fn the_error_layer_refuses_with_rate_limited() {
+        let layer = LocalLimitErrorLayer::new(limiter(), |n: &u64| ("all".to_string(), *n));
+        let mut svc = layer.layer(Ok200);
+        assert!(svc.call(4).await.is_ok());
+        let e = svc.call(2).await.unwrap_err();
+        match e.downcast_ref::<Refused>() {
+            Some(Refused::RateLimited {
+                policy,
+                retry_after: Some(wait),
+            }) => {
+                assert_eq!(policy, "sms");
+                assert!(*wait > Duration::from_secs(60), "{wait:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(svc.call(1).await.is_ok(), "the last token");
     }
 }
