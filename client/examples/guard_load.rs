@@ -128,11 +128,17 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+/// The quantile in ms, `-` when nothing was recorded.
+fn ms(h: &Histogram<u64>, q: f64) -> String {
     if h.is_empty() {
-        return f64::NAN;
+        return "-".into();
     }
-    h.value_at_quantile(q) as f64 / 1000.0
+    let ms = h.value_at_quantile(q) as f64 / 1000.0;
+    if q < 1.0 && ms < 10.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.1}")
+    }
 }
 
 async fn closed(a: Args) {
@@ -184,7 +190,7 @@ async fn closed(a: Args) {
     }
     let secs = a.duration;
     println!(
-        "{:<34} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>8.0} {:>7.2} {:>7.2} {:>6}",
+        "{:<34} {:>7.1} {:>7} {:>7} {:>7} {:>8.0} {:>7} {:>7} {:>6}",
         a.label,
         ok.len() as f64 / secs,
         ms(&ok, 0.5),
