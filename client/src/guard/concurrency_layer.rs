@@ -43,6 +43,23 @@ struct State {
     refused: u64,
 }
 
+impl State {
+    /// Gives free slots to the oldest waiters; whether any was given.
+    fn hand_over(&mut self) -> bool {
+        let before = self.in_flight;
+        while self.in_flight < self.algo.limit() {
+            let Some(w) = self.waiters.pop_front() else {
+                break;
+            };
+            // Fails only if that waiter gave up; then try the next.
+            if w.send(()).is_ok() {
+                self.in_flight += 1;
+            }
+        }
+        self.in_flight != before
+    }
+}
+
 struct Shared {
     name: String,
     origin: Instant,
@@ -80,13 +97,18 @@ impl Shared {
     /// Admits at once, queues (when a queue is configured and has room), or refuses.
     fn try_acquire(self: &Arc<Self>) -> Result<Permit, Result<oneshot::Receiver<()>, Refused>> {
         let mut s = self.lock();
-        // Waiters go first: a newcomer does not overtake the queue.
-        if s.in_flight < s.algo.limit() && s.waiters.is_empty() {
+        // Waiters that gave up hold no place; live ones go first (the limit may have risen
+        // since they queued): a newcomer does not overtake the queue.
+        s.waiters.retain(|w| !w.is_closed());
+        let handed = s.hand_over();
+        if s.in_flight < s.algo.limit() {
             s.in_flight += 1;
             self.publish(&s);
             return Ok(self.permit());
         }
-        s.waiters.retain(|w| !w.is_closed());
+        if handed {
+            self.publish(&s);
+        }
         if s.waiters.len() < self.queue {
             let (tx, rx) = oneshot::channel();
             s.waiters.push_back(tx);
@@ -151,15 +173,7 @@ impl Drop for Permit {
             s.algo.record(self.started, now);
         }
         s.in_flight = s.in_flight.saturating_sub(1);
-        while s.in_flight < s.algo.limit() {
-            let Some(w) = s.waiters.pop_front() else {
-                break;
-            };
-            // Fails only if that waiter gave up; then try the next.
-            if w.send(()).is_ok() {
-                s.in_flight += 1;
-            }
-        }
+        let _ = s.hand_over();
         shared.publish(&s);
     }
 }
@@ -550,6 +564,10 @@ mod tests {
         assert!(a.await.unwrap() && b.await.unwrap());
         let s = l.stats();
         assert_eq!((s.in_flight, s.queued, s.refused), (0, 0, 1));
+        // The waiter that gave up holds no place: the next request runs at once.
+        let t = Instant::now();
+        assert!(call(&mut svc.clone(), 4).await.is_ok());
+        assert_eq!(t.elapsed(), Duration::from_millis(200));
     }
 
     #[tokio::test(start_paused = true)]
