@@ -17,6 +17,8 @@
 //!   semantics and the same stored format is used instead, by itself.
 //! - [`Decision`] says allowed, remaining, retry-after, reset, which policy decided and where
 //!   the answer came from ([`Source`]).
+//! - Inside a service (module `guard`, feature `guard`): a local limiter with the same math
+//!   and an adaptive concurrency limit, as tower layers, to protect an expensive dependency.
 //!
 //! ```no_run
 //! use redis_ratelimit_client::{Limiter, Policy};

@@ -95,7 +95,7 @@ impl Shared {
     }
 
     /// Admits at once, queues (when a queue is configured and has room), or refuses.
-    fn try_acquire(self: &Arc<Self>) -> Result<Permit, Result<oneshot::Receiver<()>, Refused>> {
+    fn try_acquire(self: &Arc<Self>) -> Result<Permit, Result<Queued, Refused>> {
         let mut s = self.lock();
         // Waiters that gave up hold no place; live ones go first (the limit may have risen
         // since they queued): a newcomer does not overtake the queue.
@@ -112,25 +112,29 @@ impl Shared {
         if s.waiters.len() < self.queue {
             let (tx, rx) = oneshot::channel();
             s.waiters.push_back(tx);
-            return Err(Ok(rx));
+            return Err(Ok(Queued {
+                rx,
+                shared: self.clone(),
+            }));
         }
         Err(Err(self.refuse(&mut s)))
     }
 
     async fn acquire(self: Arc<Self>) -> Result<Permit, Refused> {
-        let mut rx = match self.try_acquire() {
+        let mut q = match self.try_acquire() {
             Ok(p) => return Ok(p),
             Err(Err(refused)) => return Err(refused),
-            Err(Ok(rx)) => rx,
+            Err(Ok(q)) => q,
         };
-        if let Ok(Ok(())) = tokio::time::timeout(self.queue_timeout, &mut rx).await {
+        if let Ok(Ok(())) = tokio::time::timeout(self.queue_timeout, &mut q.rx).await {
             return Ok(self.permit());
         }
         // Timed out; a slot handed over meanwhile is ours, otherwise none can come now.
-        rx.close();
-        if rx.try_recv().is_ok() {
+        q.rx.close();
+        if q.rx.try_recv().is_ok() {
             return Ok(self.permit());
         }
+        drop(q);
         let mut s = self.lock();
         Err(self.refuse(&mut s))
     }
@@ -152,6 +156,23 @@ impl Shared {
             queued: s.waiters.iter().filter(|w| !w.is_closed()).count(),
             refused: s.refused,
             min_rtt: s.algo.min_rtt(),
+        }
+    }
+}
+
+/// A queued request. If it is dropped (the caller went away) after a slot was handed to it,
+/// the slot is given back rather than lost.
+struct Queued {
+    rx: oneshot::Receiver<()>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.rx.close();
+        // Empty once received: a slot taken by `acquire` is not given back twice.
+        if self.rx.try_recv().is_ok() {
+            drop(self.shared.permit());
         }
     }
 }
@@ -606,5 +627,23 @@ mod tests {
         assert_eq!(values["guard_concurrency_limit"], 2.0);
         assert_eq!(values["guard_concurrency_in_flight"], 0.0);
         assert_eq!(values["guard_concurrency_refused_total"], 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_handed_to_a_caller_that_went_away_is_given_back() {
+        let l = layer(1);
+        let shared = &l.shared;
+        let (Ok(a), Ok(b)) = (shared.try_acquire(), shared.try_acquire()) else {
+            panic!("the probe limit admits 2");
+        };
+        let Err(Ok(queued)) = shared.try_acquire() else {
+            panic!("the third waits");
+        };
+        drop(a); // hands the slot to the queued request...
+        assert_eq!(l.stats().in_flight, 2);
+        drop(queued); // ...which is cancelled before it ran.
+        assert_eq!(l.stats().in_flight, 1);
+        drop(b);
+        assert_eq!(l.stats().in_flight, 0);
     }
 }
