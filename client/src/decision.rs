@@ -18,6 +18,9 @@ pub enum Source {
     FailOpen,
     /// The store could not be asked and a fail-closed policy is involved: refused.
     FailClosed,
+    /// An in-process `guard::LocalLimiter` (feature `guard`): this process's own limit,
+    /// not a share of a global one.
+    Local,
 }
 
 impl Source {
@@ -29,6 +32,7 @@ impl Source {
             Source::LocalFallback => "local_fallback",
             Source::FailOpen => "fail_open",
             Source::FailClosed => "fail_closed",
+            Source::Local => "local",
         }
     }
 }

@@ -19,6 +19,8 @@
 //!   the answer came from ([`Source`]).
 //! - Costs known only afterwards (LLM tokens, rows scanned): [`Limiter::reserve`] an estimate,
 //!   then [`Reservation::settle`] the real cost, into debt if need be (`RL.SETTLE`).
+//! - Inside a service (module `guard`, feature `guard`): a local limiter with the same math
+//!   and an adaptive concurrency limit, as tower layers, to protect an expensive dependency.
 //!
 //! ```no_run
 //! use redis_ratelimit_client::{Limiter, Policy};
@@ -43,11 +45,14 @@
 //! - `ratelimit_breaker_open` (gauge, 0 or 1)
 //! - `ratelimit_script_fallback_total`, `ratelimit_local_overflow_total`
 //! - `ratelimit_settle_dropped_total`: settlements of fail-closed policies during an outage
+//! - In-service limits (module `guard`, feature `guard`): `guard_*`, listed there.
 
 mod breaker;
 mod decision;
 mod deny_cache;
 mod error;
+#[cfg(feature = "guard")]
+pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;

@@ -20,9 +20,9 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-mod headers;
+pub(crate) mod headers;
 mod layer;
-mod problem;
+pub(crate) mod problem;
 mod retry;
 mod service;
 

@@ -91,3 +91,19 @@ pub(crate) fn unavailable(retry_after: Option<std::time::Duration>) -> Response<
     }
     r
 }
+
+/// `503 Service Unavailable`: a concurrency limit refused the request at once rather than
+/// queueing it; `Retry-After` in whole seconds (at least 1).
+#[cfg(feature = "guard")]
+pub(crate) fn overloaded(retry_after: std::time::Duration) -> Response<Full<Bytes>> {
+    let mut r = response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+         \"detail\":\"Too many requests in progress for this endpoint; retry shortly.\"}"
+            .to_string(),
+    );
+    if let Ok(v) = HeaderValue::try_from(ceil_secs(retry_after).max(1).to_string()) {
+        r.headers_mut().insert(http::header::RETRY_AFTER, v);
+    }
+    r
+}
