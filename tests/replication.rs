@@ -76,12 +76,13 @@ fn wait_link_up(replica: &mut Connection) {
 
 #[test]
 fn replicas_with_and_without_the_module_hold_identical_buckets() {
-    for flavor in Flavor::ALL {
-        let primary = Server::start(flavor);
-        let port = primary.port.to_string();
-        let with = Server::start_with(flavor, true, &["--replicaof", "127.0.0.1", &port]);
-        let without = Server::start_with(flavor, false, &["--replicaof", "127.0.0.1", &port]);
-        let (mut p, mut r1, mut r2) = (primary.conn(), with.conn(), without.conn());
+    for set in replica_sets() {
+        let flavor = &set.name;
+        let (mut p, mut r1, mut r2) = (
+            set.primary.conn(),
+            set.with_module.conn(),
+            set.without_module.conn(),
+        );
         wait_link_up(&mut r1);
         wait_link_up(&mut r2);
 

@@ -169,14 +169,11 @@ async fn error_replies_are_returned_and_do_not_trip_the_breaker() {
 /// Module and script on the same keys: a deployment can run both side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_and_script_share_buckets() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
-    for flavor in Flavor::ALL {
-        let s = Server::start(flavor);
+    for t in targets("cshare") {
         let build = |script: bool| {
-            Limiter::builder(s.url())
+            Limiter::builder(t.url.as_str())
                 .timeout(Duration::from_millis(500))
+                .key_layout(layout(&t))
                 .deny_cache_capacity(0)
                 .force_script(script)
                 .build()
@@ -199,8 +196,8 @@ async fn module_and_script_share_buckets() {
             (false, 0),
             (false, 0),
         ];
-        assert_eq!(seen, want, "{flavor:?}");
-        let mut c = s.conn();
+        assert_eq!(seen, want, "{}", t.name);
+        let mut c = t.conn();
         assert!(command_calls(&mut c, "evalsha") + command_calls(&mut c, "eval") > 0);
         assert!(command_calls(&mut c, "rl.checkall") > 0);
     }
@@ -288,9 +285,6 @@ async fn script_and_module_give_the_same_decisions() {
 /// Bad arguments get the same answer from the script as from the module, message for message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_validates_arguments_like_the_module() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
     let cases: &[[&str; 3]] = &[
         ["abc", "1", "1"],
         ["", "1", "1"],
@@ -315,11 +309,10 @@ async fn script_validates_arguments_like_the_module() {
         ["1", "00000000000000000000005", "+2"],
         ["+1.5", "5", "-0"],
     ];
-    for flavor in Flavor::ALL {
-        let s = Server::start(flavor);
-        let mut c = s.conn();
+    for t in targets("cvalid") {
+        let mut c = t.conn();
         for (i, [rate, burst, cost]) in cases.iter().enumerate() {
-            let key = format!("v{i}");
+            let key = t.key(&format!("v{i}"));
             let module: redis::RedisResult<redis::Value> = redis::cmd("RL.CHECKALL")
                 .arg(&key)
                 .arg(*rate)
@@ -329,7 +322,7 @@ async fn script_validates_arguments_like_the_module() {
             let script: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
                 .arg(redis_ratelimit_client::CHECKALL_SCRIPT)
                 .arg(1)
-                .arg(format!("s{i}"))
+                .arg(t.key(&format!("s{i}")))
                 .arg(*rate)
                 .arg(*burst)
                 .arg(*cost)
@@ -339,11 +332,15 @@ async fn script_validates_arguments_like_the_module() {
                     assert_eq!(
                         m.detail(),
                         s.detail(),
-                        "{flavor:?} case {i} {rate} {burst} {cost}"
+                        "{} case {i} {rate} {burst} {cost}",
+                        t.name
                     )
                 }
                 (Ok(_), Ok(_)) => {}
-                _ => panic!("{flavor:?} case {i} {rate} {burst} {cost}: {module:?} vs {script:?}"),
+                _ => panic!(
+                    "{} case {i} {rate} {burst} {cost}: {module:?} vs {script:?}",
+                    t.name
+                ),
             }
         }
     }

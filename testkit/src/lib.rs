@@ -6,8 +6,9 @@
 //!   first with `cargo build --release -p redis-ratelimit`, which `scripts/test` does).
 //! - `REDIS_SERVER_BIN`, `VALKEY_SERVER_BIN`: server binaries (default from `PATH`).
 //! - `REDIS_URL`: an external server with the module loaded (e.g. the Docker image): the
-//!   behaviour tests then run against it alone; tests that need their own servers (replicas,
-//!   AOF, cluster) still start them.
+//!   behaviour tests then run against it alone; tests that need their own servers (AOF,
+//!   cluster) still start them. With `REDIS_REPLICA_URL` and `REDIS_PLAIN_REPLICA_URL` also
+//!   set (replicas of it, with and without the module), so does the replication test.
 #![allow(missing_docs, missing_debug_implementations)]
 
 use redis::{Client, Connection, Value};
@@ -414,4 +415,59 @@ pub fn backends(test: &str) -> Vec<Target> {
         }
     }
     all
+}
+
+/// A primary with two replicas attached, one loading the module and one not.
+#[derive(Debug)]
+pub struct ReplicaSet {
+    pub name: String,
+    pub primary: Target,
+    pub with_module: Target,
+    pub without_module: Target,
+}
+
+/// The replica sets a replication test runs on: the external `REDIS_URL` primary with the
+/// replicas at `REDIS_REPLICA_URL` (module loaded) and `REDIS_PLAIN_REPLICA_URL` (no module),
+/// when all three are set (`scripts/docker/test` sets them to three containers); otherwise a
+/// fresh local set of each flavor.
+pub fn replica_sets() -> Vec<ReplicaSet> {
+    let external = |url: String, role: &str| Target {
+        name: format!("external {role} {url}"),
+        url,
+        prefix: String::new(),
+        _server: None,
+    };
+    if let (Ok(p), Ok(w), Ok(o)) = (
+        std::env::var("REDIS_URL"),
+        std::env::var("REDIS_REPLICA_URL"),
+        std::env::var("REDIS_PLAIN_REPLICA_URL"),
+    ) {
+        return vec![ReplicaSet {
+            name: format!("external {p}"),
+            primary: external(p, "primary"),
+            with_module: external(w, "replica"),
+            without_module: external(o, "replica without module"),
+        }];
+    }
+    let local = |s: Server| Target {
+        name: format!("{:?} port {}", s.flavor, s.port),
+        url: s.url(),
+        prefix: String::new(),
+        _server: Some(s),
+    };
+    Flavor::ALL
+        .iter()
+        .map(|&f| {
+            let primary = Server::start(f);
+            let port = primary.port.to_string();
+            let with = Server::start_with(f, true, &["--replicaof", "127.0.0.1", &port]);
+            let without = Server::start_with(f, false, &["--replicaof", "127.0.0.1", &port]);
+            ReplicaSet {
+                name: format!("{f:?}"),
+                primary: local(primary),
+                with_module: local(with),
+                without_module: local(without),
+            }
+        })
+        .collect()
 }

@@ -1,0 +1,38 @@
+//! The module as the server reports it: `MODULE LIST` names it `ratelimit`, version 1, with
+//! the file it was loaded from, on Redis 7.0 and Valkey 8, or on the `REDIS_URL` server (the
+//! Docker images load it from `/usr/local/lib/redis-ratelimit/`).
+
+use redis::Value;
+use redis_ratelimit_testkit::*;
+use std::collections::HashMap;
+
+fn text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[test]
+fn module_list_names_the_module_and_its_file() {
+    for t in targets("modlist") {
+        let mut c = t.conn();
+        let modules: Vec<HashMap<String, Value>> = redis::cmd("MODULE")
+            .arg("LIST")
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("{}: MODULE LIST: {e}", t.name));
+        let ours: Vec<_> = modules
+            .iter()
+            .filter(|m| text(m.get("name")) == "ratelimit")
+            .collect();
+        assert_eq!(ours.len(), 1, "{}: MODULE LIST {modules:?}", t.name);
+        assert_eq!(ours[0].get("ver"), Some(&Value::Int(1)), "{}", t.name);
+        let path = text(ours[0].get("path"));
+        assert!(
+            path.ends_with("/libredis_ratelimit.so"),
+            "{}: loaded from {path}",
+            t.name
+        );
+    }
+}
