@@ -6,8 +6,8 @@
 //! `SET` is deterministic, and a replica without the module follows it too.
 //!
 //! The value is one of 50 000 small integers (a linger class and a sub-millisecond phase).
-//! Like Redis with its own shared integers, the module creates each once, on first use, marks
-//! it immutable, and lets every key point to it, so a bucket costs what any key with a TTL
+//! Like Redis with its own shared integers, the module creates each once, at load, marks it
+//! immutable, and lets every key point to it, so a bucket costs what any key with a TTL
 //! costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives in the value
 //! object, and a shared one would blur it for every key (Redis stops sharing its integers then
 //! too).
@@ -22,16 +22,18 @@ use std::sync::OnceLock;
 /// A key name from the running command's arguments (valid for the call).
 pub(crate) type KeyName = *mut raw::RedisModuleString;
 
-/// The shared value strings `"0"` ..= `"49999"`, each created the first time a bucket needs
-/// it and never freed: keys keep pointing at them, even after a `MODULE UNLOAD`. Also the
-/// `PXAT` argument of the replicated `SET`, so replicating creates only the expiry's string.
+/// The shared value strings `"0"` ..= `"49999"`, created at load and never freed: keys keep
+/// pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of the
+/// replicated `SET`, so replicating creates only the expiry's string.
 ///
-/// Created lazily because a deployment uses a few linger classes (one per distinct refill
-/// time), so most of the 50 000 are never needed.
+/// Created at load (about 2 MB, once per server) rather than on first use: creating one costs
+/// more than a whole check, and a busy server would otherwise pay it on ~10 000 checks of each
+/// linger class. [`ValuePool::get`] still creates one on demand should load-time creation have
+/// failed part-way.
 #[derive(Debug)]
 pub struct ValuePool {
-    /// Null until created. Only the main thread, inside a command, reads or writes them: the
-    /// atomics just make the static safe to share without `unsafe impl Sync`.
+    /// Null until created. Only the main thread (at load, or inside a command) reads or writes
+    /// them: the atomics just make the static safe to share without `unsafe impl Sync`.
     values: Box<[AtomicPtr<raw::RedisModuleString>]>,
     pxat: AtomicPtr<raw::RedisModuleString>,
     /// The values may be made immutable (see [`make_immutable`]) and go into keys.
@@ -62,10 +64,13 @@ impl ValuePool {
             pxat: AtomicPtr::new(pxat),
             shareable,
         });
+        for value in 0..VALUES {
+            Self::get(value)?;
+        }
         Ok(())
     }
 
-    /// The shared string for `value`, created on first use.
+    /// The shared string for `value` (created if load-time creation missed it).
     fn get(value: u32) -> Result<*mut raw::RedisModuleString, RedisError> {
         let pool = POOL
             .get()

@@ -149,6 +149,27 @@ fn items(v: &str) -> Vec<(String, HashMap<String, i64>)> {
         .collect()
 }
 
+/// axum answers HEAD with the GET handler: a GET route must limit HEAD too, or HEAD would
+/// be a way around the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_requests_are_limited_like_get() {
+    let s = Server::start(Flavor::Redis);
+    let addr = app(s.url()).await;
+    for i in 0..20 {
+        let r = request(addr, "HEAD", "/api/hello", Some("h1")).await;
+        assert_eq!(r.status, 200, "HEAD {i}");
+        assert_eq!(items(&r.headers["ratelimit"])[0].1["r"], 19 - i, "HEAD {i}");
+    }
+    let r = request(addr, "HEAD", "/api/hello", Some("h1")).await;
+    assert_eq!(r.status, 429, "the 21st HEAD");
+    assert!(r.headers.contains_key("retry-after"));
+    // HEAD and GET share the bucket.
+    assert_eq!(
+        request(addr, "GET", "/api/hello", Some("h1")).await.status,
+        429
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_21st_quick_request_is_429_with_headers_and_problem() {
     let s = Server::start(Flavor::Redis);

@@ -39,7 +39,8 @@ pub fn retry_delay(headers: &HeaderMap) -> Option<Duration> {
 pub fn retry_delay_with_jitter(headers: &HeaderMap) -> Option<Duration> {
     let base = retry_delay(headers)?;
     let spread = (base / 2).max(Duration::from_secs(1));
-    Some(base + spread.mul_f64(rand::random::<f64>()))
+    // Saturating: an upstream may send any number (`Retry-After: 18446744073709551615`).
+    Some(base.saturating_add(spread.mul_f64(rand::random::<f64>())))
 }
 
 #[cfg(test)]
@@ -67,6 +68,13 @@ mod tests {
             None
         );
         assert_eq!(retry_delay(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn huge_retry_after_saturates_instead_of_panicking() {
+        let h = headers(&[("retry-after", "18446744073709551615")]);
+        assert_eq!(retry_delay(&h), Some(Duration::from_secs(u64::MAX)));
+        assert!(retry_delay_with_jitter(&h).unwrap() >= Duration::from_secs(u64::MAX));
     }
 
     #[test]
