@@ -28,7 +28,7 @@ pub(crate) type KeyName = *mut raw::RedisModuleString;
 ///
 /// Created at load (about 2 MB, once per server) rather than on first use: creating one costs
 /// more than a whole check, and a busy server would otherwise pay it on ~10 000 checks of each
-/// linger class. [`ValuePool::get`] still creates one on demand should load-time creation have
+/// linger class. `ValuePool::get` still creates one on demand should load-time creation have
 /// failed part-way.
 #[derive(Debug)]
 pub struct ValuePool {
