@@ -50,25 +50,13 @@ impl StoreError {
     }
 
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
-        use redis::{ErrorKind, ServerErrorKind};
+        use redis::ErrorKind;
         let transport = e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                ErrorKind::ClusterConnectionNotFound
-                    | ErrorKind::Server(
-                        ServerErrorKind::ClusterDown
-                            | ServerErrorKind::MasterDown
-                            | ServerErrorKind::TryAgain
-                            | ServerErrorKind::BusyLoading
-                            // A replica answering after a failover: the store is moving.
-                            | ServerErrorKind::ReadOnly
-                    )
-            )
-            // Out of memory under `maxmemory`: the store cannot take writes right now.
-            || e.code() == Some("OOM");
+            || matches!(e.kind(), ErrorKind::ClusterConnectionNotFound)
+            || e.code().is_some_and(|code| UNWELL.contains(&code));
         if transport {
             Self::Transport(e)
         } else {
@@ -76,6 +64,24 @@ impl StoreError {
         }
     }
 }
+
+/// Error replies that say the store is unwell, not that the request is wrong: answered by
+/// the fail mode (the local fallback keeps limiting), counted, and counted by the breaker.
+/// `BUSY`: a runaway script; `LOADING`: a dataset loading; `MISCONF`: writes stopped after a
+/// failed save; `NOREPLICAS`: `min-replicas-to-write` unmet; `READONLY`: a replica after a
+/// failover; `OOM`: `maxmemory` reached; `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`: a cluster
+/// or replica in transition. Every other reply (`ERR`, `WRONGTYPE`, ...) is a bug to fix.
+const UNWELL: [&str; 9] = [
+    "BUSY",
+    "LOADING",
+    "MISCONF",
+    "NOREPLICAS",
+    "READONLY",
+    "OOM",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+];
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
