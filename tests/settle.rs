@@ -103,8 +103,9 @@ fn a_shrunk_limit_says_truly_how_long_to_wait() {
         assert_eq!(rl_check(&mut c, &k, "1000", 1000, 1000).0, 1, "{}", t.name);
         let (allowed, remaining, retry, _) = rl_check(&mut c, &k, "1000", 10, 1);
         assert_eq!(allowed, 0, "{}", t.name);
-        assert!(remaining <= -989, "{}: remaining {remaining}", t.name);
-        assert!((985..=991).contains(&retry), "{}: retry {retry}", t.name);
+        // 991 ms less the time between the two checks (generous: a loaded CI machine).
+        assert!(remaining <= -900, "{}: remaining {remaining}", t.name);
+        assert!((900..=991).contains(&retry), "{}: retry {retry}", t.name);
         std::thread::sleep(Duration::from_millis(retry as u64));
         assert_eq!(
             rl_check(&mut c, &k, "1000", 10, 1).0,

@@ -120,7 +120,7 @@ async fn llm_route_reserves_settles_and_refuses_while_in_debt() {
             );
             let want = (10_000 - 4_000 * (i + 1)).max(0);
             assert!(
-                (remaining(&r) - want).abs() <= 2,
+                (remaining(&r) - want).abs() <= 50, // a token refills every 6 ms while the test runs
                 "{}: r={} want {want}",
                 t.name,
                 remaining(&r)
@@ -140,7 +140,7 @@ async fn llm_route_reserves_settles_and_refuses_while_in_debt() {
         let r = post_llm(g.addr, "k2", 5_000, Some(100)).await;
         assert_eq!(r.status, 200, "{}", t.name);
         assert!(
-            (remaining(&r) - 9_900).abs() <= 2,
+            (remaining(&r) - 9_900).abs() <= 50,
             "{}: r={}",
             t.name,
             remaining(&r)
