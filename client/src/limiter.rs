@@ -332,12 +332,13 @@ impl Limiter {
     /// one their checks fall back to); fail-closed ones refuse every check meanwhile, so
     /// their settlement is dropped and counted.
     fn settle_locally(&self, held: &[Held], deltas: &[i64]) -> Decision {
-        let pods = self.inner.pods.load(Relaxed);
+        let settles_locally =
+            |p: &Policy| p.fail_mode() == FailMode::Open && self.inner.local_fallback;
         let mut open = Vec::new();
         for (h, &delta) in held.iter().zip(deltas) {
-            if h.policy.fail_mode() == FailMode::Open && self.inner.local_fallback {
-                let share = h.policy.limit().split(pods).unwrap_or(*h.policy.limit());
-                open.push((h.whole_key.as_deref().unwrap_or(&h.key), share, delta));
+            if settles_locally(&h.policy) {
+                let key = h.whole_key.as_deref().unwrap_or(&h.key);
+                open.push((key, self.local_share(&h.policy), delta));
             } else {
                 metrics::counter!("ratelimit_settle_dropped_total").increment(1);
             }
@@ -347,9 +348,7 @@ impl Limiter {
         let outcomes = held
             .iter()
             .map(|h| {
-                let d = (h.policy.fail_mode() == FailMode::Open && self.inner.local_fallback)
-                    .then(|| local.next())
-                    .flatten();
+                let d = settles_locally(&h.policy).then(|| local.next()).flatten();
                 any_open |= d.is_some();
                 PolicyOutcome {
                     policy: h.policy.clone(),
@@ -365,6 +364,13 @@ impl Limiter {
             Source::FailClosed
         };
         Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
+    }
+
+    /// This pod's share of `policy` for the local fallback: limit ÷ pods (the whole limit
+    /// when it cannot be split further). Checks and settles use the same one.
+    fn local_share(&self, policy: &Policy) -> Limit {
+        let pods = self.inner.pods.load(Relaxed);
+        policy.limit().split(pods).unwrap_or(*policy.limit())
     }
 
     fn plan<'a>(
@@ -599,12 +605,11 @@ impl Limiter {
                 .collect();
             (Source::FailClosed, outcomes)
         } else if inner.local_fallback {
-            let pods = inner.pods.load(Relaxed);
             let items: Vec<(&str, Limit, u64)> = planned
                 .iter()
                 .map(|p| {
-                    let share = p.policy.limit().split(pods).unwrap_or(*p.policy.limit());
-                    (p.whole_key.as_deref().unwrap_or(&p.key), share, p.cost)
+                    let key = p.whole_key.as_deref().unwrap_or(&p.key);
+                    (key, self.local_share(p.policy), p.cost)
                 })
                 .collect();
             let (_, decisions) = inner.local.check(&items, now_ticks());
