@@ -42,12 +42,13 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    /// Opens after `threshold` consecutive transport failures; probes every `probe_interval`.
+    /// Opens after `threshold` consecutive transport failures; probes every `probe_interval`
+    /// (at most a day, so that `now + probe_interval` cannot overflow).
     pub(crate) fn new(threshold: u32, probe_interval: Duration) -> Self {
         Self {
             state: Mutex::new(State::Closed { failures: 0 }),
             threshold: threshold.max(1),
-            probe_interval,
+            probe_interval: probe_interval.min(Duration::from_secs(86_400)),
         }
     }
 
@@ -131,6 +132,14 @@ mod tests {
         assert_eq!(b.admit(t2), Admission::Probe);
         assert!(b.on_success(), "a good probe closes");
         assert_eq!(b.admit(t2), Admission::Call);
+    }
+
+    #[test]
+    fn a_huge_probe_interval_does_not_overflow() {
+        let b = Breaker::new(1, Duration::MAX);
+        let t0 = Instant::now();
+        assert!(b.on_failure(t0));
+        assert!(matches!(b.admit(t0), Admission::Reject(_)));
     }
 
     #[test]

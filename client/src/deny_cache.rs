@@ -1,10 +1,15 @@
 //! In-process cache of buckets known to be exhausted: until their retry-after, a request
-//! for at least the same cost is refused without a round trip.
+//! for at least the same cost, under the same limit, is refused without a round trip.
+//!
+//! The limit is part of the entry: a bucket refused under one limit says nothing of another
+//! (the same key checked by a policy listed twice, or a limit raised by a deploy), so a
+//! raised daily limit is not refused for the old limit's hours.
 //!
 //! Bounded: 16 shards of at most `capacity / 16` entries each. A full shard first drops its
 //! expired entries, then an arbitrary one; memory stays flat under millions of distinct keys,
 //! and forgetting an entry only costs a round trip.
 
+use redis_ratelimit_core::Limit;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -17,6 +22,8 @@ struct Entry {
     /// The bucket has `cost` tokens again at this instant.
     until: Instant,
     cost: u64,
+    /// The limit the store refused under.
+    limit: Limit,
     /// The bucket is full again at this instant.
     reset: Instant,
 }
@@ -49,8 +56,8 @@ impl DenyCache {
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Is `cost` from `key` known to be refused at `now`?
-    pub(crate) fn get(&self, key: &str, cost: u64, now: Instant) -> Option<Hit> {
+    /// Is `cost` from `key` under `limit` known to be refused at `now`?
+    pub(crate) fn get(&self, key: &str, limit: Limit, cost: u64, now: Instant) -> Option<Hit> {
         if self.per_shard == 0 || cost == 0 {
             return None;
         }
@@ -61,16 +68,17 @@ impl DenyCache {
             return None;
         }
         // Fewer tokens than the refused cost may already be there.
-        (cost >= e.cost).then(|| Hit {
+        (cost >= e.cost && limit == e.limit).then(|| Hit {
             retry_after: e.until - now,
             reset_after: e.reset.saturating_duration_since(now),
         })
     }
 
-    /// Remembers that `cost` from `key` is refused until `now + retry_after`.
+    /// Remembers that `cost` from `key` under `limit` is refused until `now + retry_after`.
     pub(crate) fn insert(
         &self,
         key: &str,
+        limit: Limit,
         cost: u64,
         now: Instant,
         retry_after: Duration,
@@ -82,6 +90,7 @@ impl DenyCache {
         let entry = Entry {
             until: now + retry_after,
             cost,
+            limit,
             reset: now + reset_after,
         };
         let mut shard = self.shard(key);
@@ -113,23 +122,43 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    fn limit() -> Limit {
+        Limit::new(1.0, 5).unwrap()
+    }
+
     #[test]
     fn hits_until_retry_after_for_same_or_larger_cost() {
         let c = DenyCache::new(100);
         let t0 = Instant::now();
-        c.insert("k", 2, t0, S, 3 * S);
+        let l = limit();
+        c.insert("k", l, 2, t0, S, 3 * S);
         assert_eq!(
-            c.get("k", 2, t0),
+            c.get("k", l, 2, t0),
             Some(Hit {
                 retry_after: S,
                 reset_after: 3 * S
             })
         );
-        assert!(c.get("k", 5, t0).is_some());
-        assert_eq!(c.get("k", 1, t0), None, "a smaller cost may fit");
-        assert_eq!(c.get("other", 2, t0), None);
-        assert_eq!(c.get("k", 2, t0 + S), None, "expired at retry-after");
+        assert!(c.get("k", l, 5, t0).is_some());
+        assert_eq!(c.get("k", l, 1, t0), None, "a smaller cost may fit");
+        assert_eq!(c.get("other", l, 2, t0), None);
+        assert_eq!(c.get("k", l, 2, t0 + S), None, "expired at retry-after");
         assert_eq!(c.len(), 0, "expired entry dropped");
+    }
+
+    #[test]
+    fn a_refusal_under_one_limit_says_nothing_of_another() {
+        let c = DenyCache::new(100);
+        let t0 = Instant::now();
+        let day = Limit::new(1.0 / 86_400.0, 1).unwrap();
+        c.insert("k", day, 1, t0, 86_400 * S, 86_400 * S);
+        assert!(c.get("k", day, 1, t0).is_some());
+        let raised = Limit::new(1.0 / 86_400.0, 100).unwrap();
+        assert_eq!(
+            c.get("k", raised, 1, t0),
+            None,
+            "a raised limit asks the store"
+        );
     }
 
     #[test]
@@ -137,10 +166,10 @@ mod tests {
         let c = DenyCache::new(1_000);
         let t0 = Instant::now();
         for i in 0..200_000 {
-            c.insert(&format!("key{i}"), 1, t0, S, S);
+            c.insert(&format!("key{i}"), limit(), 1, t0, S, S);
         }
         assert!(c.len() <= 1_000 + SHARDS, "{} entries", c.len());
         // The newest entry is always kept.
-        assert!(c.get("key199999", 1, t0).is_some());
+        assert!(c.get("key199999", limit(), 1, t0).is_some());
     }
 }

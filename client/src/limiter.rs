@@ -8,7 +8,7 @@ use crate::local::LocalBuckets;
 use crate::reservation::{Held, Reservation};
 use crate::store::{Item, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
-use redis_ratelimit_core::{ticks_since_epoch, Limit};
+use redis_ratelimit_core::{ticks_since_epoch, Share};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -105,10 +105,10 @@ impl LimiterBuilder {
         self
     }
 
-    /// How often an open breaker lets one probe through (default 2 s); also the
-    /// Retry-After of fail-closed refusals.
+    /// How often an open breaker lets one probe through (default 2 s, at most an hour);
+    /// also the Retry-After of fail-closed refusals.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = interval;
+        self.probe_interval = interval.min(MAX_PROBE_INTERVAL);
         self
     }
 
@@ -165,6 +165,10 @@ impl LimiterBuilder {
         })
     }
 }
+
+/// A store unreachable for an hour is probed at least hourly; also keeps `now + interval`
+/// far from `Instant`'s overflow (`Duration::MAX` would panic there).
+const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// One policy of a request, planned: its bucket key and cost.
 struct Planned<'a> {
@@ -366,11 +370,10 @@ impl Limiter {
         Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
     }
 
-    /// This pod's share of `policy` for the local fallback: limit ÷ pods (the whole limit
-    /// when it cannot be split further). Checks and settles use the same one.
-    fn local_share(&self, policy: &Policy) -> Limit {
-        let pods = self.inner.pods.load(Relaxed);
-        policy.limit().split(pods).unwrap_or(*policy.limit())
+    /// This pod's share of `policy` for the local fallback (see [`Share`]: together the
+    /// pods admit at most the limit). Checks and settles use the same one.
+    fn local_share(&self, policy: &Policy) -> Share {
+        policy.limit().share(self.inner.pods.load(Relaxed))
     }
 
     fn plan<'a>(
@@ -459,10 +462,12 @@ impl Limiter {
     fn answer_from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
         // The common case, a single policy, looks its key up once and allocates nothing
         // unless it is refused.
-        let (first, hit) = planned
-            .iter()
-            .enumerate()
-            .find_map(|(i, p)| self.inner.deny.get(&p.key, p.cost, now).map(|hit| (i, hit)))?;
+        let (first, hit) = planned.iter().enumerate().find_map(|(i, p)| {
+            self.inner
+                .deny
+                .get(&p.key, *p.policy.bucket_limit(), p.cost, now)
+                .map(|hit| (i, hit))
+        })?;
         let mut hit = Some(hit);
         let hits: Vec<_> = planned
             .iter()
@@ -470,7 +475,11 @@ impl Limiter {
             .map(|(i, p)| match i.cmp(&first) {
                 std::cmp::Ordering::Less => None,
                 std::cmp::Ordering::Equal => hit.take(),
-                std::cmp::Ordering::Greater => self.inner.deny.get(&p.key, p.cost, now),
+                std::cmp::Ordering::Greater => {
+                    self.inner
+                        .deny
+                        .get(&p.key, *p.policy.bucket_limit(), p.cost, now)
+                }
             })
             .collect();
         let outcomes = planned
@@ -560,9 +569,14 @@ impl Limiter {
                     },
                 };
                 if let Verdict::Denied { retry_after } = verdict {
-                    self.inner
-                        .deny
-                        .insert(&p.key, p.cost, now, retry_after, reset_after);
+                    self.inner.deny.insert(
+                        &p.key,
+                        *p.policy.bucket_limit(),
+                        p.cost,
+                        now,
+                        retry_after,
+                        reset_after,
+                    );
                 }
                 // A sub-bucket holds 1/shards of the policy: scale back for reporting.
                 let remaining = remaining.max(0) as u64 * u64::from(p.policy.shards());
@@ -605,7 +619,7 @@ impl Limiter {
                 .collect();
             (Source::FailClosed, outcomes)
         } else if inner.local_fallback {
-            let items: Vec<(&str, Limit, u64)> = planned
+            let items: Vec<(&str, Share, u64)> = planned
                 .iter()
                 .map(|p| {
                     let key = p.whole_key.as_deref().unwrap_or(&p.key);

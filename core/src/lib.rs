@@ -37,7 +37,10 @@
 use std::fmt;
 use std::time::Duration;
 
+mod share;
 pub mod stored;
+
+pub use share::Share;
 
 /// Ticks per second: the core's unit of time is 100 ns.
 ///

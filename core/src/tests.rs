@@ -551,3 +551,44 @@ proptest! {
         prop_assert!(s.expire_at_ms * MS < tat + (stored::MAX_LINGER_MS + 1) * MS);
     }
 }
+
+proptest! {
+    /// `n` holders of a share, each seeing costs of at most `burst / n` tokens, admit together
+    /// at most burst + rate × (t2 − t1) over every window, like one bucket of the whole limit.
+    #[test]
+    fn shares_together_admit_at_most_the_limit(
+        l in limits(),
+        parts in 1u64..12,
+        steps in prop::collection::vec((0u64..TICKS_PER_SECOND, 0usize..12, 1u64..6), 1..300),
+    ) {
+        let share = l.share(parts);
+        let most_cost = (l.burst() / parts).max(1);
+        let mut tats = vec![0u64; parts as usize];
+        let mut now = NOW;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (dt, holder, cost) in steps {
+            now += dt;
+            let holder = holder % tats.len();
+            let cost = cost.min(most_cost);
+            if cost * parts > l.burst() {
+                continue; // above the share: bounded differently (see `Share`)
+            }
+            let (limit, units) = share.check_args(cost);
+            let d = check(&limit, units, tats[holder], now);
+            if d.allowed {
+                tats[holder] = d.tat;
+                admitted.push((now, cost));
+            }
+        }
+        for (i, &(t1, _)) in admitted.iter().enumerate() {
+            let mut tokens = 0;
+            for &(t2, cost) in &admitted[i..] {
+                tokens += cost;
+                prop_assert!(
+                    tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - t1),
+                    "{tokens} tokens in {} ticks over {parts} holders", t2 - t1
+                );
+            }
+        }
+    }
+}

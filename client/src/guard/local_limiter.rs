@@ -74,10 +74,11 @@ impl LocalLimiter {
     /// [`check`](Self::check) at `now`, a time since any fixed origin (the same for every
     /// call on this limiter): for tests and simulations with a manual clock.
     pub fn check_at(&self, key: &str, cost: u64, now: Duration) -> Decision {
-        let limit = *self.policy.limit();
+        // The whole limit: this process is its only holder.
+        let share = self.policy.limit().share(1);
         let (_, decisions) = self
             .buckets
-            .check(&[(key, limit, cost)], ticks_since_epoch(now));
+            .check(&[(key, share, cost)], ticks_since_epoch(now));
         let d = decisions.first().copied();
         let verdict = match d.map(|d| (d.allowed, d.retry_after_ms)) {
             Some((true, _)) => Verdict::Allowed,

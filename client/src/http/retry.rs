@@ -1,17 +1,28 @@
 //! For Rust callers of a limited API: how long to wait before retrying.
 
 use http::header::{HeaderMap, RETRY_AFTER};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-/// The wait a response asks for: `Retry-After` in seconds, or else the reset time `t` of an
-/// exhausted (`r=0`) policy in the `RateLimit` header. `None` when neither says to wait.
+/// The wait a response asks for: `Retry-After` (seconds, or an HTTP-date: the time left
+/// until it, zero once past), or else the reset time `t` of an exhausted (`r=0`) policy in
+/// the `RateLimit` header. `None` when neither says to wait.
 pub fn retry_delay(headers: &HeaderMap) -> Option<Duration> {
-    if let Some(secs) = headers
+    retry_delay_at(headers, SystemTime::now())
+}
+
+/// [`retry_delay`] with the clock passed in (an HTTP-date counts from `now`).
+fn retry_delay_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    if let Some(v) = headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(str::trim)
     {
-        return Some(Duration::from_secs(secs));
+        if let Ok(secs) = v.parse::<u64>() {
+            return Some(Duration::from_secs(secs));
+        }
+        if let Ok(at) = httpdate::parse_http_date(v) {
+            return Some(at.duration_since(now).unwrap_or(Duration::ZERO));
+        }
     }
     let value = headers.get("ratelimit")?.to_str().ok()?;
     // Items look like `"name";r=0;t=12`: the longest wait among exhausted policies.
@@ -68,6 +79,19 @@ mod tests {
             None
         );
         assert_eq!(retry_delay(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn reads_the_http_date_form() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let h = headers(&[("retry-after", "Sun, 06 Nov 1994 08:50:07 GMT")]);
+        assert_eq!(retry_delay_at(&h, now), Some(Duration::from_secs(30)));
+        // A date already past: retry now.
+        let h = headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]);
+        assert_eq!(retry_delay_at(&h, now), Some(Duration::ZERO));
+        // Neither form: fall through to RateLimit.
+        let h = headers(&[("retry-after", "soon"), ("ratelimit", "\"api\";r=0;t=4")]);
+        assert_eq!(retry_delay_at(&h, now), Some(Duration::from_secs(4)));
     }
 
     #[test]
