@@ -74,11 +74,21 @@ pub struct Server {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// A loopback port that was free a moment ago. Another process may take it before the
+/// server binds it: [`Server::start_in`] then sees the server exit and tries another.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("no free loopback port")
+}
+
+/// Why a started server is not serving.
+enum NotReady {
+    /// The process exited; its log.
+    Exited(String),
+    /// Still not answering, or another process answers on its port.
+    Timeout(String),
 }
 
 impl Server {
@@ -100,36 +110,69 @@ impl Server {
 
     /// Starts a server in `dir` (for restarts that must find their AOF or RDB files).
     pub fn start_in(flavor: Flavor, with_module: bool, extra: &[&str], dir: PathBuf) -> Server {
-        let port = free_port();
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            port.to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            "".into(),
-            "--dir".into(),
-            dir.display().to_string(),
-            "--logfile".into(),
-            "server.log".into(),
-            "--daemonize".into(),
-            "no".into(),
-        ];
-        if with_module {
-            args.push("--loadmodule".into());
-            args.push(module_path().display().to_string());
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = spawn(flavor, &args, &dir);
-        let server = Server {
+        Self::start_on(
             flavor,
-            port,
+            with_module,
+            extra,
             dir,
-            args,
-            child,
-        };
-        server.wait_ready();
-        server
+            std::iter::repeat_with(free_port),
+        )
+    }
+
+    /// [`Server::start_in`] on the first of `ports` the server manages to bind (at most 5
+    /// tried).
+    fn start_on(
+        flavor: Flavor,
+        with_module: bool,
+        extra: &[&str],
+        dir: PathBuf,
+        mut ports: impl Iterator<Item = u16>,
+    ) -> Server {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let port = ports.next().unwrap_or_else(free_port);
+            let mut args: Vec<String> = vec![
+                "--port".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--save".into(),
+                "".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+                "--logfile".into(),
+                "server.log".into(),
+                "--daemonize".into(),
+                "no".into(),
+            ];
+            if with_module {
+                args.push("--loadmodule".into());
+                args.push(module_path().display().to_string());
+            }
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let _ = std::fs::remove_file(dir.join("server.log"));
+            let child = spawn(flavor, &args, &dir);
+            let mut server = Server {
+                flavor,
+                port,
+                dir: dir.clone(),
+                args,
+                child,
+            };
+            match server.wait_ready() {
+                Ok(()) => return server,
+                // The port was taken between `free_port` and the bind: try another.
+                Err(NotReady::Exited(log)) if log.contains("in use") && attempts < 5 => {
+                    eprintln!("{flavor:?}: port {port} taken, trying another; log:\n{log}");
+                    // Keep the directory for the next attempt.
+                    let _ = std::mem::take(&mut server.dir);
+                }
+                Err(NotReady::Exited(log) | NotReady::Timeout(log)) => {
+                    panic!("{flavor:?} on port {port} did not start; log:\n{log}")
+                }
+            }
+        }
     }
 
     /// Kills the server (`kill -9`) and starts it again on the same port and directory.
@@ -137,7 +180,12 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.child = spawn(self.flavor, &self.args, &self.dir);
-        self.wait_ready();
+        if let Err(NotReady::Exited(log) | NotReady::Timeout(log)) = self.wait_ready() {
+            panic!(
+                "{:?} on port {} did not restart; log:\n{log}",
+                self.flavor, self.port
+            );
+        }
     }
 
     /// Kills the server (`kill -9`) and reaps it; [`Server::restart`] brings it back.
@@ -146,23 +194,29 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    fn wait_ready(&self) {
+    /// Waits until this process (not another on the same port) answers `PING`.
+    fn wait_ready(&mut self) -> Result<(), NotReady> {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = format!("process_id:{}", self.child.id());
         loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(NotReady::Exited(self.log()));
+            }
             if let Ok(mut c) = self.try_conn() {
-                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
                 // A server still loading its AOF answers LOADING; wait for it too.
-                if pong.is_ok() {
-                    return;
+                let info: redis::RedisResult<String> =
+                    redis::cmd("INFO").arg("server").query(&mut c);
+                match info {
+                    Ok(info) if info.lines().any(|l| l.trim() == pid) => return Ok(()),
+                    _ => {}
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "{:?} on port {} not ready in 10 s; log:\n{}",
-                self.flavor,
-                self.port,
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                return Err(NotReady::Timeout(format!(
+                    "not ready in 10 s (or another process answers on the port):\n{}",
+                    self.log()
+                )));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -470,4 +524,37 @@ pub fn replica_sets() -> Vec<ReplicaSet> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race `free_port` leaves open: the port is taken (here by another server) before
+    /// ours binds it. Ours must move to another port, and never pass the other for itself.
+    #[test]
+    fn a_taken_port_is_retried_elsewhere() {
+        if std::env::var_os("REDIS_URL").is_some() {
+            return; // uses its own servers only; nothing external to check
+        }
+        let other = Server::start_with(Flavor::Redis, false, &[]);
+        let dir = std::env::temp_dir().join(format!("rl-testkit-retry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ours = Server::start_on(
+            Flavor::Redis,
+            false,
+            &[],
+            dir,
+            [other.port]
+                .into_iter()
+                .chain(std::iter::repeat_with(free_port)),
+        );
+        assert_ne!(ours.port, other.port);
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut ours.conn())
+            .unwrap();
+        assert!(info.contains(&format!("process_id:{}", ours.pid())));
+        assert_ne!(ours.pid(), other.pid());
+    }
 }
