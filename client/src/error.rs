@@ -40,6 +40,17 @@ impl StoreError {
         matches!(self, Self::Timeout | Self::Transport(_))
     }
 
+    /// Failures that a fresh connection may not have: no answer at all (a connection whose
+    /// packets are silently dropped stays open for the kernel's ~15 min of retransmissions),
+    /// or `READONLY` (the name now leads to a new primary, the old connection to a replica).
+    pub(crate) fn suspects_connection(&self) -> bool {
+        match self {
+            Self::Timeout => true,
+            Self::Transport(e) => e.code() == Some("READONLY"),
+            Self::Server(_) | Self::Protocol(_) => false,
+        }
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Timeout => "timeout",

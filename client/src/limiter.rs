@@ -435,6 +435,7 @@ impl Limiter {
     }
 
     fn store_answered(&self) {
+        self.inner.store.on_answer();
         if self.inner.breaker.on_success() {
             tracing::info!("ratelimit: store reachable again, breaker closed");
             metrics::gauge!("ratelimit_breaker_open").set(0.0);
@@ -443,6 +444,7 @@ impl Limiter {
 
     fn store_failed(&self, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+        self.inner.store.on_failure(e);
         if self.inner.breaker.on_failure(Instant::now()) {
             tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
             metrics::gauge!("ratelimit_breaker_open").set(1.0);
@@ -452,6 +454,7 @@ impl Limiter {
     fn store_refused(&self, e: StoreError) -> Error {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         // The store answered: it is up, whatever the answer.
+        self.inner.store.on_answer();
         self.inner.breaker.on_success();
         match e {
             StoreError::Server(e) => Error::Server(e),

@@ -4,9 +4,10 @@
 use crate::error::StoreError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// One limit of a store call.
@@ -68,8 +69,13 @@ impl ConnectionLike for Conn {
 /// See the module docs.
 pub(crate) struct Store {
     /// Set once connected: at once for a single server (the manager connects lazily and
-    /// reconnects by itself), by a background task for a cluster.
-    conn: Arc<OnceLock<Conn>>,
+    /// reconnects by itself), by a background task for a cluster. Replaced by a fresh one
+    /// when retired (see [`Store::on_failure`]).
+    conn: Arc<RwLock<Option<Conn>>>,
+    /// What a single server's connection is made from, to make a fresh one.
+    single: Option<(redis::Client, ConnectionManagerConfig)>,
+    /// Consecutive failures that suspect the connection itself.
+    suspect: AtomicU32,
     script: Script,
     use_script: AtomicBool,
 }
@@ -77,10 +83,30 @@ pub(crate) struct Store {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("connected", &self.conn.get().is_some())
+            .field("connected", &self.read().is_some())
             .field("use_script", &self.use_script.load(Relaxed))
             .finish()
     }
+}
+
+/// Consecutive timeouts (or `READONLY` replies) after which a single server's connection is
+/// dropped and a fresh one made: the old one may be a flow a NAT or load balancer lost, which
+/// no error would ever end, or lead to a demoted primary.
+const RETIRE_AFTER: u32 = 3;
+
+/// TCP settings of every connection: keepalive probes find an idle connection whose peer
+/// is gone within about 10 s, and `TCP_USER_TIMEOUT` closes one whose sent data has gone
+/// unacknowledged for 3 s (instead of ~15 min of retransmissions), so the connection
+/// manager reconnects.
+fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(5);
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
+        .set_user_timeout(Duration::from_secs(3))
 }
 
 /// The Lua equivalent of `RL.CHECKALL`.
@@ -89,10 +115,21 @@ pub(crate) const CHECKALL_LUA: &str = include_str!("checkall.lua");
 impl Store {
     fn new(force_script: bool) -> Self {
         Self {
-            conn: Arc::new(OnceLock::new()),
+            conn: Arc::new(RwLock::new(None)),
+            single: None,
+            suspect: AtomicU32::new(0),
             script: Script::new(CHECKALL_LUA),
             use_script: AtomicBool::new(force_script),
         }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Option<Conn>> {
+        // A connection handle is replaced whole: a poisoned lock still holds a valid one.
+        self.conn.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(slot: &RwLock<Option<Conn>>, conn: Conn) {
+        *slot.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
     }
 
     /// A single server. Connects on first use and reconnects by itself; retries are left to
@@ -102,16 +139,48 @@ impl Store {
         connect_timeout: Duration,
         force_script: bool,
     ) -> redis::RedisResult<Self> {
-        let client = redis::Client::open(url)?;
+        let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+        let client = redis::Client::open(info)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_max_delay(connect_timeout);
-        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
-        let store = Self::new(force_script);
-        let _ = store.conn.set(Conn::Single(manager));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        let mut store = Self::new(force_script);
+        Self::set(&store.conn, Conn::Single(manager));
+        store.single = Some((client, config));
         Ok(store)
+    }
+
+    /// A call reached the store.
+    pub(crate) fn on_answer(&self) {
+        self.suspect.store(0, Relaxed);
+    }
+
+    /// A call failed: after [`RETIRE_AFTER`] in a row that suspect the connection, a single
+    /// server's is replaced by a fresh one (made on first use), so the next call or probe
+    /// connects anew instead of waiting on a dead flow. A cluster client manages its own
+    /// connections per node.
+    pub(crate) fn on_failure(&self, e: &StoreError) {
+        if !e.suspects_connection() {
+            return;
+        }
+        if self.suspect.fetch_add(1, Relaxed) + 1 < RETIRE_AFTER {
+            return;
+        }
+        self.suspect.store(0, Relaxed);
+        let Some((client, config)) = &self.single else {
+            return;
+        };
+        match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+            Ok(fresh) => {
+                Self::set(&self.conn, Conn::Single(fresh));
+                tracing::warn!(error = %e, "ratelimit: connection retired, a fresh one replaces it");
+                metrics::counter!("ratelimit_connections_retired_total").increment(1);
+            }
+            Err(e) => tracing::warn!(error = %e, "ratelimit: could not replace the connection"),
+        }
     }
 
     /// A cluster, reached through any of `urls`. The first connection is made in the
@@ -124,6 +193,7 @@ impl Store {
         force_script: bool,
     ) -> redis::RedisResult<Self> {
         let client = redis::cluster::ClusterClient::builder(urls)
+            .tcp_settings(tcp_settings())
             .connection_timeout(connect_timeout)
             .retries(1)
             .build()?;
@@ -134,7 +204,7 @@ impl Store {
                 match client.get_async_connection().await {
                     Ok(c) => {
                         if let Some(slot) = slot.upgrade() {
-                            let _ = slot.set(Conn::Cluster(c));
+                            Self::set(&slot, Conn::Cluster(c));
                         }
                         return;
                     }
@@ -208,7 +278,7 @@ impl Store {
     }
 
     fn connection(&self) -> Result<Conn, StoreError> {
-        self.conn.get().cloned().ok_or_else(|| {
+        self.read().clone().ok_or_else(|| {
             StoreError::Transport(redis::RedisError::from((
                 redis::ErrorKind::ClusterConnectionNotFound,
                 "not connected yet",

@@ -11,6 +11,9 @@
 //!   set (replicas of it, with and without the module), so does the replication test.
 #![allow(missing_docs, missing_debug_implementations)]
 
+mod blackhole;
+pub use blackhole::Blackhole;
+
 use redis::{Client, Connection, Value};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -235,6 +238,23 @@ impl Server {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// The client-side ports of every connection to the server but the caller's own
+    /// (`CLIENT LIST` seen from `c`).
+    pub fn client_ports(&self, c: &mut Connection) -> Vec<u16> {
+        let me: i64 = redis::cmd("CLIENT").arg("ID").query(c).expect("CLIENT ID");
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(c)
+            .expect("CLIENT LIST");
+        list.lines()
+            .filter(|l| !l.starts_with(&format!("id={me} ")))
+            .filter_map(|l| {
+                let addr = l.split(' ').find_map(|f| f.strip_prefix("addr="))?;
+                addr.rsplit_once(':')?.1.parse().ok()
+            })
+            .collect()
     }
 
     /// The server's process id.
