@@ -6,7 +6,9 @@
 use crate::{stats, storage};
 use redis_module::{raw, Context, RedisError};
 use redis_ratelimit_core::stored::linger_class;
-use redis_ratelimit_core::{check, check_all, settle, ticks_since_epoch, Check, Decision, Limit};
+use redis_ratelimit_core::{
+    args, check, check_all, settle, ticks_since_epoch, Check, Decision, Limit,
+};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_long, CStr};
 use std::ptr::NonNull;
@@ -208,9 +210,7 @@ fn settle_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
         return Err(RedisError::WrongArity);
     };
     let limit = parse_limit(rate, burst)?;
-    let delta = parse_int(delta).ok_or(RedisError::Str(
-        "ERR delta must be an integer (tokens; negative refunds)",
-    ))?;
+    let delta = args::delta(delta.bytes()).map_err(refused)?;
     let tat = storage::read(ctx, key.key())?;
     let d =
         settle(&limit, delta, tat, now()).map_err(|e| RedisError::String(format!("ERR {e}")))?;
@@ -296,26 +296,15 @@ fn now() -> u64 {
 }
 
 fn parse_limit(rate: &Arg, burst: &Arg) -> Result<Limit, RedisError> {
-    let rate = std::str::from_utf8(rate.bytes())
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .ok_or(RedisError::Str(
-            "ERR rate must be a number (tokens per second)",
-        ))?;
-    let burst = parse_int(burst)
-        .filter(|b| *b >= 1)
-        .ok_or(RedisError::Str("ERR burst must be an integer >= 1"))?;
-    Limit::new(rate, burst as u64).map_err(|e| RedisError::String(format!("ERR {e}")))
+    args::limit(rate.bytes(), burst.bytes()).map_err(refused)
 }
 
 fn parse_cost(cost: &Arg) -> Result<u64, RedisError> {
-    parse_int(cost)
-        .and_then(|c| u64::try_from(c).ok())
-        .ok_or(RedisError::Str("ERR cost must be an integer >= 0"))
+    args::cost(cost.bytes()).map_err(refused)
 }
 
-fn parse_int(s: &Arg) -> Option<i64> {
-    std::str::from_utf8(s.bytes()).ok()?.parse().ok()
+fn refused(e: args::ArgError) -> RedisError {
+    RedisError::String(format!("ERR {e}"))
 }
 
 /// Writes `[allowed, remaining, retry_after_ms, reset_after_ms]` straight to the client

@@ -37,6 +37,7 @@
 use std::fmt;
 use std::time::Duration;
 
+pub mod args;
 mod share;
 pub mod stored;
 
