@@ -231,10 +231,10 @@ fn evaluate(limit: &Limit, cost: u64, tat: u64, now: u64, take: bool) -> Decisio
         // A peek always fits, also in debt: it reports the state and takes nothing.
         (true, Some(0))
     } else {
-        // Ticks the bucket is short of `cost` tokens: 0 when they are there.
-        let short = used
-            .saturating_add(cost * limit.interval)
-            .saturating_sub(tau);
+        // Ticks the bucket is short of `cost` tokens (`used + cost × T − τ`), 0 when they are
+        // there. `cost × T <= τ` here, so this form cannot overflow, even for a TAT near
+        // `u64::MAX` (a saturating sum would understate the wait there).
+        let short = used.saturating_sub(tau - cost * limit.interval);
         if short == 0 {
             (true, Some(0))
         } else {

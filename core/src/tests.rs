@@ -592,3 +592,17 @@ proptest! {
         }
     }
 }
+
+/// Found by the `model` fuzz target: for a TAT near `u64::MAX` (a garbage key decodes to one),
+/// a saturating `used + cost × T` understated the wait by about 10 000 years.
+#[test]
+fn retry_after_is_exact_for_a_tat_near_the_end_of_time() {
+    let l = limit(5.0, 3);
+    let tat = u64::MAX - 5;
+    let now = NOW;
+    let d = check(&l, 3, tat, now);
+    let want = (u128::from(tat - now) + 3 * u128::from(l.interval_ticks())
+        - u128::from(l.refill_ticks()))
+    .div_ceil(u128::from(TICKS_PER_MS));
+    assert_eq!(d.retry_after_ms.map(u128::from), Some(want));
+}
