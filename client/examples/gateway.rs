@@ -15,8 +15,8 @@
 //! - No `X-API-Key`: `401` problem+json.
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:8080`), `REDIS_URL` (default
-//! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1), and
-//! `RL_DISABLE=1` to serve the same routes without the layer (the latency baseline of
+//! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1), `TIMEOUT_MS`
+//! (the store check's timeout, default the client's 5 ms), and `RL_DISABLE=1` to serve the same routes without the layer (the latency baseline of
 //! `scripts/bench/http`).
 
 use axum::extract::Path;
@@ -35,7 +35,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|p| p.parse().ok())
         .unwrap_or(1);
 
-    let limiter = Limiter::builder(redis.clone()).pods(pods).build()?;
+    let mut limiter = Limiter::builder(redis.clone()).pods(pods);
+    if let Some(ms) = std::env::var("TIMEOUT_MS").ok().and_then(|t| t.parse().ok()) {
+        limiter = limiter.timeout(std::time::Duration::from_millis(ms));
+    }
+    let limiter = limiter.build()?;
     let api = Policy::builder("api").per_minute(100).burst(20).build()?;
     let login = Policy::builder("login")
         .per_minute(5)

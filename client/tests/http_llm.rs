@@ -39,6 +39,9 @@ async fn start_gateway(redis_url: &str) -> Gateway {
     let child = Command::new(&bin)
         .env("LISTEN_ADDR", addr.to_string())
         .env("REDIS_URL", redis_url)
+        // Generous: these requests are about settling, not the timeout; a slow run must
+        // not answer from the local fallback.
+        .env("TIMEOUT_MS", "500")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
