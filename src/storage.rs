@@ -6,7 +6,7 @@
 //! `SET` is deterministic, and a replica without the module follows it too.
 //!
 //! The value is one of 50 000 small integers (a linger class and a sub-millisecond phase).
-//! How it is kept depends on the server (chosen at load, see [`crate::layout`]):
+//! How it is kept depends on the server (chosen at load, see `layout`):
 //!
 //! - **Shared** (Redis 7.0-8.0, Valkey 7.2-8.0: servers whose object header the module knows,
 //!   and whose header passed the load-time probe): like Redis with its own shared integers,
@@ -128,7 +128,7 @@ static POOL: OnceLock<ValuePool> = OnceLock::new();
 
 impl ValuePool {
     /// Creates the pool; called from the module's `OnLoad`. Values are shared only on a
-    /// server whose name and version the module knows ([`crate::layout`]) and whose header
+    /// server whose name and version the module knows (`layout`) and whose header
     /// passes the probe; the choice is logged.
     pub fn init(ctx: &Context) -> Result<(), RedisError> {
         if POOL.get().is_some() {
