@@ -2,9 +2,9 @@
 //! token bucket checked and updated inside the server in one round trip.
 //!
 //! This file only registers the module. The commands' registration, argument parsing and
-//! replies live in [`command`], the key layout, expiry and replication in [`storage`], the
-//! `INFO ratelimit` counters in [`stats`], and the bucket math in the pure
-//! `redis-ratelimit-core` crate.
+//! replies live in [`command`], the key layout, expiry and replication in [`storage`] (with
+//! `layout`: which servers' object header it knows), the `INFO ratelimit` counters in
+//! [`stats`], and the bucket math in the pure `redis-ratelimit-core` crate.
 #![cfg_attr(
     not(test),
     deny(
@@ -30,11 +30,12 @@ macro_rules! api {
 }
 
 pub mod command;
+mod layout;
 pub mod stats;
 pub mod storage;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    match storage::ValuePool::init().and_then(|()| command::register(ctx)) {
+    match storage::ValuePool::init(ctx).and_then(|()| command::register(ctx)) {
         Ok(()) => Status::Ok,
         Err(e) => {
             ctx.log_warning(&format!("ratelimit: {e}"));

@@ -6,11 +6,23 @@
 //! `SET` is deterministic, and a replica without the module follows it too.
 //!
 //! The value is one of 50 000 small integers (a linger class and a sub-millisecond phase).
-//! Like Redis with its own shared integers, the module creates each once, at load, marks it
-//! immutable, and lets every key point to it, so a bucket costs what any key with a TTL
-//! costs. Not when an LRU/LFU eviction policy may be on: the recency stamp lives in the value
-//! object, and a shared one would blur it for every key (Redis stops sharing its integers then
-//! too).
+//! How it is kept depends on the server (chosen at load, see `layout`):
+//!
+//! - **Shared** (Redis 7.0-8.0, Valkey 7.2-8.0: servers whose object header the module knows,
+//!   and whose header passed the load-time probe): like Redis with its own shared integers,
+//!   the module creates each value once, at load, marks it immutable, and lets every key point
+//!   to it, so a bucket costs what any key with a TTL costs. Read with `StringDMA`, written
+//!   with `StringSet`.
+//! - **Server-encoded** (every other server, e.g. Valkey 8.1+, where the key is embedded in
+//!   its value object so no key can point at a shared one; and any server while an LRU/LFU
+//!   eviction policy may be on, since the recency stamp lives in the value object and a shared
+//!   one would blur it for every key): the module writes no object header. It writes with
+//!   the server's own `SET key value PXAT expiry` (`RedisModule_Call`, not propagated: the
+//!   effect is replicated as below), so the server stores the value integer-encoded, as it
+//!   does for `SET k 1`: the floor again. It reads the value with `GET` for the same reason:
+//!   `StringDMA`, even in read mode, turns an integer-encoded value into a raw string in the
+//!   keyspace, which costs memory until the next write. Both calls show in
+//!   `INFO commandstats` as `set` and `get`.
 
 use redis_module::{raw, Context, RedisError};
 use redis_ratelimit_core::stored::{self, VALUES};
@@ -40,15 +52,97 @@ pub struct ValuePool {
     shareable: bool,
 }
 
+/// The running server as the module identifies it at load: name (from `INFO server`) and
+/// version (`RedisModule_GetServerVersion`, `0x00MMmmpp`).
+#[derive(Debug)]
+struct ServerId {
+    name: Option<String>,
+    version: Option<i32>,
+}
+
+impl ServerId {
+    fn read(ctx: &Context) -> ServerId {
+        let version = api!(RedisModule_GetServerVersion)
+            .ok()
+            // SAFETY: no arguments; present since Redis 6.0.9.
+            .map(|f| unsafe { f() });
+        ServerId {
+            name: info_server_name(ctx),
+            version,
+        }
+    }
+
+    /// Whether the module knows this server's object header (name and version both).
+    fn known_header(&self) -> bool {
+        match (&self.name, self.version) {
+            (Some(name), Some(version)) => crate::layout::known_header(name, version),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.name.as_deref().unwrap_or("unknown server");
+        match self.version.map(crate::layout::version_parts) {
+            Some((major, minor, patch)) => write!(f, "{name} {major}.{minor}.{patch}"),
+            None => write!(f, "{name} (version unknown)"),
+        }
+    }
+}
+
+/// The server's name from `INFO server`, or `None` if it cannot be read.
+fn info_server_name(ctx: &Context) -> Option<String> {
+    let (Ok(get_info), Ok(field), Ok(free_info)) = (
+        api!(RedisModule_GetServerInfo),
+        api!(RedisModule_ServerInfoGetFieldC),
+        api!(RedisModule_FreeServerInfo),
+    ) else {
+        return None;
+    };
+    // SAFETY: live context, literal section name; freed below.
+    let data = unsafe { get_info(ctx.ctx, c"server".as_ptr()) };
+    if data.is_null() {
+        return None;
+    }
+    let text = |name: &std::ffi::CStr| -> Option<String> {
+        // SAFETY: live info data; the returned C string lives as long as `data`.
+        let p = unsafe { field(data, name.as_ptr()) };
+        // SAFETY: non-null pointers from ServerInfoGetFieldC are NUL-terminated.
+        (!p.is_null()).then(|| {
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    let server_name = text(c"server_name");
+    let redis_version = text(c"redis_version");
+    let name = crate::layout::server_name(server_name.as_deref(), redis_version.as_deref())
+        .map(str::to_owned);
+    // SAFETY: from GetServerInfo with a live context, freed once.
+    unsafe { free_info(ctx.ctx, data) };
+    name
+}
+
 static POOL: OnceLock<ValuePool> = OnceLock::new();
 
 impl ValuePool {
-    /// Creates the pool; called from the module's `OnLoad`.
-    pub fn init() -> Result<(), RedisError> {
+    /// Creates the pool; called from the module's `OnLoad`. Values are shared only on a
+    /// server whose name and version the module knows (`layout`) and whose header
+    /// passes the probe; the choice is logged.
+    pub fn init(ctx: &Context) -> Result<(), RedisError> {
         if POOL.get().is_some() {
             return Ok(());
         }
-        let shareable = immutable_refcount_supported()?;
+        let server = ServerId::read(ctx);
+        let shareable = server.known_header() && immutable_refcount_supported()?;
+        if shareable {
+            ctx.log_notice(&format!("ratelimit: {server}: bucket values shared"));
+        } else {
+            ctx.log_notice(&format!(
+                "ratelimit: {server}: object header not known, bucket values stored by SET"
+            ));
+        }
         let create = api!(RedisModule_CreateString)?;
         // SAFETY: NULL context (not auto-freed), a 4-byte literal.
         let pxat = unsafe { create(ptr::null_mut(), c"PXAT".as_ptr(), 4) };
@@ -134,20 +228,78 @@ pub(crate) fn read(ctx: &Context, key: KeyName) -> Result<u64, RedisError> {
     if unsafe { key_type(k.0.as_ptr()) } != raw::REDISMODULE_KEYTYPE_STRING as c_int {
         return Err(RedisError::WrongType);
     }
-    let dma = api!(RedisModule_StringDMA)?;
     let get_expire = api!(RedisModule_GetAbsExpire)?;
-    let mut len = 0;
-    // SAFETY: `k` is an open string key; read mode does not modify a RAW value.
-    let p = unsafe { dma(k.0.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
-    if p.is_null() {
-        return Err(RedisError::Str("ERR could not read the key"));
-    }
-    // SAFETY: Redis guarantees `len` readable bytes at `p` while the key is open.
-    let value = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
     // SAFETY: `k` is open.
     let expire = unsafe { get_expire(k.0.as_ptr()) };
-    stored::decode(expire, value)
-        .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
+    let decode = |value: &[u8]| {
+        stored::decode(expire, value)
+            .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
+    };
+    if may_share(ctx) {
+        let dma = api!(RedisModule_StringDMA)?;
+        let mut len = 0;
+        // SAFETY: `k` is an open string key; read mode does not modify a RAW value.
+        let p = unsafe { dma(k.0.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
+        if p.is_null() {
+            return Err(RedisError::Str("ERR could not read the key"));
+        }
+        // SAFETY: Redis guarantees `len` readable bytes at `p` while the key is open.
+        decode(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+    } else {
+        drop(k);
+        let call = api!(RedisModule_Call)?;
+        // SAFETY: live context, literal command and format; `key` is the command's argument.
+        let reply = CallReply::new(unsafe { call(ctx.ctx, c"GET".as_ptr(), c"s".as_ptr(), key) })?;
+        match reply.string()? {
+            Some(value) => decode(value),
+            None => Ok(0),
+        }
+    }
+}
+
+/// A `RedisModule_Call` reply, freed on drop.
+struct CallReply(NonNull<raw::RedisModuleCallReply>);
+
+impl CallReply {
+    fn new(reply: *mut raw::RedisModuleCallReply) -> Result<Self, RedisError> {
+        NonNull::new(reply)
+            .map(Self)
+            .ok_or(RedisError::Str("ERR the server refused the module's call"))
+    }
+
+    /// The reply's bytes if it is a string, `None` if it is null; an error otherwise.
+    fn string(&self) -> Result<Option<&[u8]>, RedisError> {
+        let reply_type = api!(RedisModule_CallReplyType)?;
+        let string_ptr = api!(RedisModule_CallReplyStringPtr)?;
+        // SAFETY: live reply.
+        match unsafe { reply_type(self.0.as_ptr()) } as isize {
+            raw::REDISMODULE_REPLY_STRING => {
+                let mut len = 0;
+                // SAFETY: live string reply; the bytes live as long as the reply.
+                let p = unsafe { string_ptr(self.0.as_ptr(), &mut len) };
+                if p.is_null() {
+                    return Err(RedisError::Str("ERR could not read the key"));
+                }
+                // SAFETY: `len` bytes at `p`, borrowed from `self`.
+                Ok(Some(unsafe {
+                    std::slice::from_raw_parts(p.cast::<u8>(), len)
+                }))
+            }
+            raw::REDISMODULE_REPLY_NULL => Ok(None),
+            _ => Err(RedisError::Str(
+                "ERR the server answered the module's call with an error",
+            )),
+        }
+    }
+}
+
+impl Drop for CallReply {
+    fn drop(&mut self) {
+        // SAFETY: a reply from RedisModule_Call, freed exactly once, here.
+        if let Some(free) = unsafe { raw::RedisModule_FreeCallReply } {
+            unsafe { free(self.0.as_ptr()) };
+        }
+    }
 }
 
 /// Stores the bucket's TAT, written under linger class `class`, with its absolute expiry, and
@@ -156,42 +308,52 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64, class: u8) -> Result<
     let s = stored::encode(tat, class);
     let expire = c_longlong::try_from(s.expire_at_ms)
         .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
-    let string_set = api!(RedisModule_StringSet)?;
-    let set_expire = api!(RedisModule_SetAbsExpire)?;
     let replicate = api!(RedisModule_Replicate)?;
-    let k = OpenKey::open(
-        ctx,
-        key,
-        (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
-    )?
-    .ok_or(RedisError::Str("ERR could not open the key for writing"))?;
-
     let value = ValuePool::get(s.value)?;
-    let pooled = may_share(ctx).then_some(value);
-    let set = match pooled {
+    if may_share(ctx) {
+        let string_set = api!(RedisModule_StringSet)?;
+        let set_expire = api!(RedisModule_SetAbsExpire)?;
+        let k = OpenKey::open(
+            ctx,
+            key,
+            (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
+        )?
+        .ok_or(RedisError::Str("ERR could not open the key for writing"))?;
         // SAFETY: `k` is open for writing; the key takes its own reference to the string.
-        Some(value) => unsafe { string_set(k.0.as_ptr(), value) },
-        None => {
-            let printf = api!(RedisModule_CreateStringPrintf)?;
-            let free = api!(RedisModule_FreeString)?;
-            // SAFETY: live context, literal format taking one unsigned int; the key keeps its
-            // own reference, so ours is released right after.
-            unsafe {
-                let value = printf(ctx.ctx, c"%u".as_ptr(), s.value as c_uint);
-                let set = string_set(k.0.as_ptr(), value);
-                free(ctx.ctx, value);
-                set
-            }
+        if unsafe { string_set(k.0.as_ptr(), value) } != raw::REDISMODULE_OK as c_int {
+            return Err(RedisError::Str("ERR could not write the key"));
         }
-    };
-    if set != raw::REDISMODULE_OK as c_int {
-        return Err(RedisError::Str("ERR could not write the key"));
+        // SAFETY: `k` is open for writing and now holds a value.
+        if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
+            return Err(RedisError::Str("ERR could not set the key's expiry"));
+        }
+    } else {
+        // The server's own SET, given the digits as a buffer: the argument it builds from them
+        // is its own (refcount 1), so SET may integer-encode it. A shared string would be
+        // stored as it is.
+        let mut digits = [0u8; 10];
+        let digits = decimal(s.value, &mut digits);
+        let call = api!(RedisModule_Call)?;
+        // SAFETY: live context; format "sbcl" matches (RedisModuleString*, buffer and length,
+        // C string, long long); no '!' flag, so the call itself is not propagated.
+        let reply = CallReply::new(unsafe {
+            call(
+                ctx.ctx,
+                c"SET".as_ptr(),
+                c"sbcl".as_ptr(),
+                key,
+                digits.as_ptr().cast::<std::ffi::c_char>(),
+                digits.len(),
+                c"PXAT".as_ptr(),
+                expire,
+            )
+        })?;
+        let reply_type = api!(RedisModule_CallReplyType)?;
+        // SAFETY: live reply.
+        if unsafe { reply_type(reply.0.as_ptr()) } as isize == raw::REDISMODULE_REPLY_ERROR {
+            return Err(RedisError::Str("ERR could not write the key"));
+        }
     }
-    // SAFETY: `k` is open for writing and now holds a value.
-    if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
-        return Err(RedisError::Str("ERR could not set the key's expiry"));
-    }
-    drop(k);
     let pxat = ValuePool::pxat().ok_or(RedisError::Str("ERR value pool missing"))?;
     // SAFETY: format "sssl" matches (RedisModuleString* ×3, long long); the pooled strings
     // outlive the call (the propagated command takes its own references).
@@ -212,8 +374,23 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64, class: u8) -> Result<
     Ok(())
 }
 
-/// Whether values may be shared: not when maxmemory is set with an eviction policy, since LRU
-/// and LFU keep each key's recency in its value object.
+/// `value` in decimal, written into `buf` (10 bytes hold any `u32`); the digits written.
+fn decimal(mut value: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut start = buf.len();
+    for slot in buf.iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
+        start -= 1;
+        if value == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or_default()
+}
+
+/// Whether values are shared now: on a server where the pool is shareable, unless maxmemory
+/// is set with an eviction policy, since LRU and LFU keep each key's recency in its value
+/// object.
 fn may_share(ctx: &Context) -> bool {
     if !POOL.get().is_some_and(|p| p.shareable) {
         return false;
@@ -230,8 +407,8 @@ fn may_share(ctx: &Context) -> bool {
 /// Redis's marker for an object shared for good (`OBJ_SHARED_REFCOUNT`): `incrRefCount` and
 /// `decrRefCount` leave such a count alone.
 const OBJ_SHARED_REFCOUNT: i32 = i32::MAX;
-/// Where `int refcount` sits in Redis 7.x's and Valkey 8.0's object header, after the 32-bit
-/// word of type, encoding and LRU bits.
+/// Where `int refcount` sits in the object header of Redis 7.0-8.0 and Valkey 7.2-8.0, after
+/// the 32-bit word of type, encoding and LRU bits.
 const REFCOUNT_OFFSET: usize = 4;
 
 /// Makes a pooled value immutable the way the server makes its own shared integers
@@ -242,7 +419,8 @@ const REFCOUNT_OFFSET: usize = 4;
 /// decrements the counts of every value while the main thread keeps incrementing them for new
 /// buckets; a lost update could free a value keys still use. An immutable count is never
 /// written by either thread. The module API has no call for this, so it writes the header,
-/// and only where [`immutable_refcount_supported`] found the expected layout.
+/// and only on a server the name and version gate knows ([`crate::layout`]) where
+/// [`immutable_refcount_supported`] also found the expected layout.
 ///
 /// # Safety
 /// `s` must be a live string object created by this module on a server where the probe
@@ -259,9 +437,11 @@ unsafe fn make_immutable(s: NonNull<raw::RedisModuleString>) {
 }
 
 /// Checks on a throwaway string that the running server keeps an `int refcount` at
-/// [`REFCOUNT_OFFSET`]: 1 when created, 2 after one retain. Servers whose object header is laid
-/// out otherwise (Redis 8 and Valkey 8.1 pack flags beside a bit-field count) fail the probe,
-/// and then no value is shared: each key gets its own (more memory, never unsafe).
+/// [`REFCOUNT_OFFSET`]: 1 when created, 2 after one retain. A second guard behind the name and
+/// version gate ([`crate::layout`]): servers whose header is laid out otherwise (Valkey 8.1+
+/// packs `hasexpire`/`hasembkey` bits below a bit-field count) fail it, but a fork with a flag
+/// in the high bits of that word would pass it, which is why the gate comes first. Where
+/// either says no, no value is shared and no header is written.
 fn immutable_refcount_supported() -> Result<bool, RedisError> {
     let create = api!(RedisModule_CreateString)?;
     let retain = api!(RedisModule_RetainString)?;

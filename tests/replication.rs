@@ -121,7 +121,7 @@ fn replicas_with_and_without_the_module_hold_identical_buckets() {
 
 #[test]
 fn aof_replay_restores_identical_buckets_even_without_the_module() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let aof = ["--appendonly", "yes", "--appendfsync", "always"];
         let server = Server::start_with(flavor, true, &aof);
         let mut c = server.conn();
@@ -165,7 +165,7 @@ fn aof_replay_restores_identical_buckets_even_without_the_module() {
 
 #[test]
 fn rdb_reload_restores_identical_buckets() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let server = Server::start_with(flavor, true, &["--enable-debug-command", "yes"]);
         let mut c = server.conn();
         let keys = workload(&mut c);

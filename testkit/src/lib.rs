@@ -5,6 +5,9 @@
 //! - `RL_MODULE`: the module to load (default `target/release/libredis_ratelimit.so`; build it
 //!   first with `cargo build --release -p redis-ratelimit`, which `scripts/test` does).
 //! - `REDIS_SERVER_BIN`, `VALKEY_SERVER_BIN`: server binaries (default from `PATH`).
+//! - `RL_SERVER_BIN` (with `RL_SERVER_FLAVOR`, `redis` or `valkey`; by default `valkey` when the
+//!   binary's file name says so, else `redis`): run the tests on that one server only, instead
+//!   of one Redis and one Valkey (`.ci/run` loops over the extra servers this way).
 //! - `REDIS_URL`: an external server with the module loaded (e.g. the Docker image): the
 //!   behaviour tests then run against it alone; tests that need their own servers (AOF,
 //!   cluster) still start them. With `REDIS_REPLICA_URL` and `REDIS_PLAIN_REPLICA_URL` also
@@ -28,8 +31,45 @@ pub enum Flavor {
     Valkey,
 }
 
+/// The one server `RL_SERVER_BIN` (and `RL_SERVER_FLAVOR`) names, if set.
+fn single_server() -> Option<(Flavor, String)> {
+    let bin = std::env::var("RL_SERVER_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())?;
+    let flavor = match std::env::var("RL_SERVER_FLAVOR").ok().as_deref() {
+        Some("redis") => Flavor::Redis,
+        Some("valkey") => Flavor::Valkey,
+        Some(other) => panic!("RL_SERVER_FLAVOR={other}: expected redis or valkey"),
+        None => {
+            let file = Path::new(&bin)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if file.contains("valkey") {
+                Flavor::Valkey
+            } else {
+                Flavor::Redis
+            }
+        }
+    };
+    Some((flavor, bin))
+}
+
 impl Flavor {
+    /// The flavors the tests run on: both, or only the one `RL_SERVER_BIN` names.
+    pub fn selected() -> Vec<Flavor> {
+        match single_server() {
+            Some((flavor, _)) => vec![flavor],
+            None => Flavor::ALL.to_vec(),
+        }
+    }
+
     pub fn binary(self) -> String {
+        if let Some((flavor, bin)) = single_server() {
+            if flavor == self {
+                return bin;
+            }
+        }
         let (var, default) = match self {
             Flavor::Redis => ("REDIS_SERVER_BIN", "redis-server"),
             Flavor::Valkey => ("VALKEY_SERVER_BIN", "valkey-server"),
@@ -262,6 +302,12 @@ impl Server {
         self.child.id()
     }
 
+    /// The server's own version, `(major, minor, patch)`: `valkey_version` where the server
+    /// reports one, else `redis_version` (from `INFO server`).
+    pub fn version(&self) -> (u32, u32, u32) {
+        server_version(&mut self.conn())
+    }
+
     /// Sends a signal to the server process (`STOP`, `CONT`, `KILL`).
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
@@ -332,9 +378,9 @@ pub fn targets(test: &str) -> Vec<Target> {
             _server: None,
         }];
     }
-    Flavor::ALL
-        .iter()
-        .map(|&f| {
+    Flavor::selected()
+        .into_iter()
+        .map(|f| {
             let s = Server::start(f);
             Target {
                 name: format!("{f:?}"),
@@ -388,6 +434,26 @@ pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
         .arg(key)
         .query(c)
         .expect("PEXPIRETIME")
+}
+
+/// The version a connected server reports, `(major, minor, patch)`: `valkey_version` where it
+/// has one, else `redis_version`.
+pub fn server_version(c: &mut Connection) -> (u32, u32, u32) {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(c)
+        .expect("INFO server");
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_string())
+    };
+    let v = field("valkey_version")
+        .or_else(|| field("redis_version"))
+        .unwrap_or_else(|| panic!("no version in INFO server:\n{info}"));
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let mut next = || parts.next().unwrap_or(0);
+    (next(), next(), next())
 }
 
 /// Server time in ms.
@@ -476,7 +542,7 @@ pub fn backends(test: &str) -> Vec<Target> {
         return targets(test);
     }
     let mut all = Vec::new();
-    for f in Flavor::ALL {
+    for f in Flavor::selected() {
         for with_module in [true, false] {
             let s = Server::start_with(f, with_module, &[]);
             let how = if with_module { "module" } else { "script" };
@@ -529,9 +595,9 @@ pub fn replica_sets() -> Vec<ReplicaSet> {
         prefix: String::new(),
         _server: Some(s),
     };
-    Flavor::ALL
-        .iter()
-        .map(|&f| {
+    Flavor::selected()
+        .into_iter()
+        .map(|f| {
             let primary = Server::start(f);
             let port = primary.port.to_string();
             let with = Server::start_with(f, true, &["--replicaof", "127.0.0.1", &port]);
