@@ -59,6 +59,7 @@ mod key;
 mod limiter;
 mod local;
 mod policy;
+pub mod region;
 mod reservation;
 mod store;
 
