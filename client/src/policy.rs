@@ -220,16 +220,18 @@ impl PolicyBuilder {
                 "burst {burst} cannot be split into {shards} shards"
             ));
         }
-        Ok(Policy(Arc::new(Inner::new(
-            self.name.into(),
-            self.count,
-            self.period,
-            burst,
-            rate,
-            self.fail_mode,
-            self.shards,
-        )
-        .map_err(|e| invalid(e.to_string()))?)))
+        Ok(Policy(Arc::new(
+            Inner::new(
+                self.name.into(),
+                self.count,
+                self.period,
+                burst,
+                rate,
+                self.fail_mode,
+                self.shards,
+            )
+            .map_err(|e| invalid(e.to_string()))?,
+        )))
     }
 }
 

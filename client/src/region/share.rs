@@ -1,5 +1,5 @@
 //! The share protocol, pure: what one region's leader decides for one policy, with time
-//! passed in. No I/O here; [`super::sync`] carries the figures between the stores.
+//! passed in. No I/O here; the `sync` task carries the figures between the stores.
 //!
 //! Shares are integers in parts per million ([`WHOLE`] = the whole limit), so the invariant
 //! is checked exactly, without rounding.

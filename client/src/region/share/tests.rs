@@ -30,7 +30,11 @@ fn shrink_is_immediate_but_the_claim_holds_until_written_plus_hold() {
     let mut s = Share::new(500_000);
     s.retarget(200_000, t0);
     assert_eq!(s.share(), 200_000);
-    assert_eq!(s.claim(t0 + HOLD * 10), 500_000, "not written yet: held for ever");
+    assert_eq!(
+        s.claim(t0 + HOLD * 10),
+        500_000,
+        "not written yet: held for ever"
+    );
     let w = t0 + Duration::from_millis(30);
     s.written(w, HOLD);
     assert_eq!(s.claim(w + HOLD - Duration::from_millis(1)), 500_000);
@@ -276,8 +280,8 @@ fn converges_when_all_can_be_read() {
     let mut w = World::new(3);
     let wanted = targets(&[80.0, 10.0, 10.0], FLOOR);
     for round in 0..4 {
-        for r in 0..3 {
-            w.apply(&Op::Retarget(r, wanted[r]));
+        for (r, &target) in wanted.iter().enumerate() {
+            w.apply(&Op::Retarget(r, target));
             w.apply(&Op::Publish(r));
         }
         w.apply(&Op::Advance(HOLD.as_millis() as u64));
