@@ -58,6 +58,7 @@ pub mod http;
 mod key;
 mod limiter;
 mod local;
+pub mod pods;
 mod policy;
 pub mod region;
 mod reservation;
