@@ -36,7 +36,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(1);
 
     let mut limiter = Limiter::builder(redis.clone()).pods(pods);
-    if let Some(ms) = std::env::var("TIMEOUT_MS").ok().and_then(|t| t.parse().ok()) {
+    if let Some(ms) = std::env::var("TIMEOUT_MS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+    {
         limiter = limiter.timeout(std::time::Duration::from_millis(ms));
     }
     let limiter = limiter.build()?;
