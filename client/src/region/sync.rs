@@ -92,6 +92,8 @@ struct Leading {
 #[derive(Debug, Default)]
 struct State {
     leading: Option<Leading>,
+    /// Consecutive rounds that could not reach the own store.
+    failed: u32,
 }
 
 /// Runs until the limiter is dropped.
@@ -133,10 +135,15 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     let answer = match asked {
         Ok(Ok(a)) => a,
         _ => {
-            // Counted again next round; the shares' leases run out by themselves.
-            for (name, n) in offered {
-                if let Some((_, slot)) = slots.iter().find(|(k, _)| &**k == name) {
-                    slot.offered.fetch_add(n, Relaxed);
+            // One missed round's demand is counted in the next; an outage's is dropped, or
+            // it would reach the store in one round and read as a spike of demand. The
+            // shares' leases run out by themselves.
+            state.failed += 1;
+            if state.failed == 1 {
+                for (name, n) in offered {
+                    if let Some((_, slot)) = slots.iter().find(|(k, _)| &**k == name) {
+                        slot.offered.fetch_add(n, Relaxed);
+                    }
                 }
             }
             if let Some(l) = &state.leading {
@@ -147,6 +154,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             return;
         }
     };
+    state.failed = 0;
     let valid_until = started + s.lease();
     if !answer.leader {
         if state.leading.is_some() {
