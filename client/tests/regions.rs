@@ -4,7 +4,7 @@
 //! The tests are CPU-heavy (1 500 checks/s over three servers on two cores), so they run
 //! one at a time (`SERIAL`). Bounds are the issue's, with no timing assertions.
 
-use redis_ratelimit_client::region::RegionalLimiter;
+use redis_ratelimit_client::region::{RegionTarget, RegionalLimiter};
 use redis_ratelimit_client::{Policy, Source};
 use redis_ratelimit_testkit::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -280,4 +280,54 @@ async fn a_stopped_region_neither_errs_nor_lets_the_total_overrun() {
     assert_eq!(run.errors, 0);
     assert!(run.local > 0, "the stopped region's pods never fell back");
     assert!(total <= 1.05 * bound, "{total} > 105% of {bound:.1}");
+}
+
+/// A region on a cluster beside one on a single server: the leader's lease, record and
+/// counters live in the cluster (one hash tag), the peer reads them there, and checks go to
+/// the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_on_a_cluster() {
+    let _serial = SERIAL.lock().await;
+    let nodes = start_cluster(Flavor::Valkey);
+    let server = Server::start(Flavor::Valkey);
+    let stores = vec![
+        RegionTarget::Cluster(nodes.iter().map(Server::url).collect()),
+        RegionTarget::Server(server.url()),
+    ];
+    let p = policy();
+    let pods: Vec<RegionalLimiter> = (0..2)
+        .map(|r| {
+            RegionalLimiter::builder(r, stores.clone())
+                .policy(&p)
+                .rebalance_period(Duration::from_millis(400))
+                .limiter(|b| b.timeout(Duration::from_millis(500)))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pods.iter().any(|l| l.share("api") != Some(0.5)) {
+        let shares: Vec<_> = pods.iter().map(|l| l.share("api")).collect();
+        assert!(Instant::now() < deadline, "never even: {shares:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pods.iter().all(RegionalLimiter::is_leader));
+    // Half of 300/s burst 30 is the cluster region's: 15 at once, then 150/s of refill.
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    for _ in 0..40 {
+        let d = pods[0].check_one(&p, "someone", 1).await.unwrap();
+        seen.push((d.source, d.is_allowed()));
+    }
+    let most = 15.0 + 150.0 * started.elapsed().as_secs_f64();
+    let admitted = seen.iter().filter(|(_, ok)| *ok).count();
+    assert!(
+        seen.iter()
+            .all(|(s, _)| matches!(s, Source::Store | Source::DenyCache)),
+        "{seen:?}"
+    );
+    assert!(
+        (15..=most as usize).contains(&admitted),
+        "{admitted} of {seen:?}, at most {most:.1}"
+    );
 }

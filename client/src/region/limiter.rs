@@ -4,6 +4,7 @@
 use super::record::RegionStore;
 use super::share::WHOLE;
 use super::sync::{self, Settings};
+use super::RegionTarget;
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -111,7 +112,7 @@ impl Drop for TaskGuard {
 #[must_use]
 pub struct RegionalBuilder {
     region: usize,
-    urls: Vec<String>,
+    urls: Vec<RegionTarget>,
     policies: Vec<Policy>,
     settings: Settings,
     configure: Box<dyn FnOnce(LimiterBuilder) -> LimiterBuilder + Send>,
@@ -194,13 +195,17 @@ impl RegionalBuilder {
             )));
         }
         settings.floor = ((floor * f64::from(WHOLE)) as u32).min(WHOLE / regions as u32);
-        let limiter = (self.configure)(Limiter::builder(self.urls[self.region].clone())).build()?;
+        let own = match &self.urls[self.region] {
+            RegionTarget::Server(url) => Limiter::builder(url.clone()),
+            RegionTarget::Cluster(urls) => Limiter::cluster_builder(urls.clone()),
+        };
+        let limiter = (self.configure)(own).build()?;
         let stores = self
             .urls
             .iter()
             .enumerate()
-            .map(|(r, url)| {
-                RegionStore::open(url, &settings.prefix, r, Duration::from_secs(1))
+            .map(|(r, target)| {
+                RegionStore::open(target, &settings.prefix, r, Duration::from_secs(1))
                     .map_err(|e| Error::Config(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -228,15 +233,16 @@ impl RegionalBuilder {
 }
 
 impl RegionalLimiter {
-    /// A limiter for a pod in region `region` (an index into `urls`), where `urls` are the
-    /// regions' stores (one server each), in the same order in every region.
+    /// A limiter for a pod in region `region` (an index into `stores`), where `stores` are
+    /// the regions' stores (a URL each, or a [`RegionTarget::Cluster`]), in the same order
+    /// in every region.
     pub fn builder(
         region: usize,
-        urls: impl IntoIterator<Item = impl Into<String>>,
+        stores: impl IntoIterator<Item = impl Into<RegionTarget>>,
     ) -> RegionalBuilder {
         RegionalBuilder {
             region,
-            urls: urls.into_iter().map(Into::into).collect(),
+            urls: stores.into_iter().map(Into::into).collect(),
             policies: Vec::new(),
             settings: Settings::default(),
             configure: Box::new(|b| b),

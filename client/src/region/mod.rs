@@ -20,3 +20,24 @@ pub mod share;
 mod sync;
 
 pub use limiter::{RegionalBuilder, RegionalLimiter};
+
+/// One region's store: a server or a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionTarget {
+    /// A single server, e.g. `redis://eu:6379`.
+    Server(String),
+    /// A Redis / Valkey Cluster, reached through any of these nodes.
+    Cluster(Vec<String>),
+}
+
+impl From<String> for RegionTarget {
+    fn from(url: String) -> Self {
+        RegionTarget::Server(url)
+    }
+}
+
+impl From<&str> for RegionTarget {
+    fn from(url: &str) -> Self {
+        RegionTarget::Server(url.into())
+    }
+}

@@ -1,26 +1,92 @@
 //! What a region keeps in its own store, and how it is read and written.
 //!
 //! ```text
-//! <prefix>:region:<r>          hash, written by region r's leader only:
-//!                                <policy>:claim  ppm   (see share::Share::claim)
-//!                                <policy>:share  ppm   (what r's pods use; followers read it)
-//!                                <policy>:demand f64   (smoothed offered cost per second)
-//! <prefix>:region:<r>:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
-//! <prefix>:region:<r>:leader   string, the leader pod's id, with a TTL (the leader lease)
+//! <prefix>:{region.<r>}          hash, written by region r's leader only:
+//!                                  <policy>:claim  ppm   (see share::Share::claim)
+//!                                  <policy>:share  ppm   (what r's pods use; followers read it)
+//!                                  <policy>:demand f64   (smoothed offered cost per second)
+//! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
+//! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
 //! ```
+//!
+//! One hash tag, so a region on a cluster answers a round trip from one node.
 //!
 //! Every region *reads* the others' records; no region writes to another's store. So a
 //! record has one writer, a write never half-fails across regions, and a region that
 //! cannot be reached only stops its peers from growing (the safe direction).
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use super::RegionTarget;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// A store that sync talks to: one region's server, connected lazily, reconnecting itself.
+/// A region's store as sync reaches it: a server (connection manager: lazy, reconnects by
+/// itself) or a cluster (connected on first use, retried on the next call until it works).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(
+        Arc<ClusterClient>,
+        Arc<tokio::sync::OnceCell<ClusterConnection>>,
+    ),
+}
+
+/// A connection ready for one call.
+enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Live {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Live::Single(c) => c.req_packed_command(cmd),
+            Live::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Live::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Live::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Live::Single(c) => c.get_db(),
+            Live::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    async fn live(&self) -> redis::RedisResult<Live> {
+        match self {
+            Conn::Single(c) => Ok(Live::Single(c.clone())),
+            Conn::Cluster(client, cell) => {
+                let c = cell
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?;
+                Ok(Live::Cluster(c.clone()))
+            }
+        }
+    }
+}
+
+/// A store that sync talks to: one region's server or cluster.
 #[derive(Clone)]
 pub(crate) struct RegionStore {
-    conn: ConnectionManager,
+    conn: Conn,
     /// `<prefix>:region:<r>`.
     record_key: String,
     demand_key: String,
@@ -76,19 +142,30 @@ pub(crate) struct OwnRound {
 
 impl RegionStore {
     pub(crate) fn open(
-        url: &str,
+        target: &RegionTarget,
         prefix: &str,
         region: usize,
         connect_timeout: Duration,
     ) -> redis::RedisResult<Self> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(1)
-            .set_max_delay(connect_timeout);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        let record_key = format!("{prefix}:region:{region}");
+        let conn = match target {
+            RegionTarget::Server(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(1)
+                    .set_max_delay(connect_timeout);
+                Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            RegionTarget::Cluster(urls) => {
+                let client = ClusterClient::builder(urls.clone())
+                    .connection_timeout(connect_timeout)
+                    .retries(1)
+                    .build()?;
+                Conn::Cluster(Arc::new(client), Arc::default())
+            }
+        };
+        let record_key = format!("{prefix}:{{region.{region}}}");
         Ok(Self {
             conn,
             demand_key: format!("{record_key}:demand"),
@@ -127,7 +204,7 @@ impl RegionStore {
         pipe.cmd("HGETALL").arg(&self.record_key);
         pipe.cmd("HGETALL").arg(&self.demand_key);
         let (leader, record, counters): (i64, HashMap<String, String>, HashMap<String, u64>) =
-            pipe.query_async(&mut self.conn.clone()).await?;
+            pipe.query_async(&mut self.conn.live().await?).await?;
         Ok(OwnRound {
             leader: leader == 1,
             record: Record(record),
@@ -150,7 +227,7 @@ impl RegionStore {
                 .arg(format!("{policy}:demand"))
                 .arg(*demand);
         }
-        cmd.query_async::<i64>(&mut self.conn.clone())
+        cmd.query_async::<i64>(&mut self.conn.live().await?)
             .await
             .map(|_| ())
     }
@@ -159,7 +236,7 @@ impl RegionStore {
     pub(crate) async fn read(&self) -> redis::RedisResult<Record> {
         redis::cmd("HGETALL")
             .arg(&self.record_key)
-            .query_async::<HashMap<String, String>>(&mut self.conn.clone())
+            .query_async::<HashMap<String, String>>(&mut self.conn.live().await?)
             .await
             .map(Record)
     }
