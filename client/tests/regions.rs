@@ -331,3 +331,49 @@ async fn a_region_on_a_cluster() {
         "{admitted} of {seen:?}, at most {most:.1}"
     );
 }
+
+/// Rule 3 on the real system: the busy region cannot read a stopped peer, so it does not
+/// grow, although another region gave quota up; once the peer answers again, it grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_that_cannot_read_a_peer_does_not_grow() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let before = regions.shares()[0][0];
+    regions.servers[2].signal("STOP");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (pods, stop) = (regions.pods[0].clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut most: f64 = 0.0;
+            while !stop.load(Relaxed) {
+                for l in &pods {
+                    most = most.max(l.share("api").unwrap_or(0.0));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    let cut_off = drive(&regions, [80.0, 10.0, 10.0], 5.0).await;
+    stop.store(true, Relaxed);
+    let most = sampler.await.unwrap();
+    let freed = regions.shares()[1][0];
+    regions.servers[2].signal("CONT");
+    let after = drive(&regions, [80.0, 10.0, 10.0], 6.0).await;
+    let shares = regions.shares();
+    eprintln!(
+        "cut off: {cut_off:?}, busy share at most {most} (before {before}), region 1 at {freed}; \
+         then {after:?} shares {shares:?}"
+    );
+    assert!(freed < before, "region 1 did not shrink: {freed}");
+    assert!(
+        most <= before,
+        "grew while a peer was unreadable: {most} > {before}"
+    );
+    assert!(
+        shares[0][0] > 0.5,
+        "did not grow once it could read again: {shares:?}"
+    );
+    assert_eq!(cut_off.errors + after.errors, 0);
+}
