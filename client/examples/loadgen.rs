@@ -10,7 +10,8 @@
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
-//! `--rebalance-secs S` (default 2). Pods are split evenly over the regions; the JSON then
+//! `--rebalance-secs S` (default 2). Pods are split evenly over the regions, each counting
+//! its region's live pods for the local fallback; the JSON then
 //! adds `per_region_allowed`, `shares` (the policy's last share in each region) and
 //! `rebalances` (rebalancing rounds run by the regions' leaders).
 //!
@@ -368,6 +369,7 @@ fn regional_pods(a: &Args, policy: &Policy, timeout: Duration) -> Vec<Pod> {
             let l = RegionalLimiter::builder(i % a.regions, urls.clone())
                 .policy(policy)
                 .rebalance_period(Duration::from_secs_f64(a.rebalance_secs))
+                .live_pods(Duration::from_secs(10))
                 .limiter(move |b| b.timeout(timeout).pods(per_region))
                 .build()
                 .expect("regional limiter");

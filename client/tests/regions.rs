@@ -44,7 +44,8 @@ fn start() -> Regions {
                     RegionalLimiter::builder(r, urls.clone())
                         .policy(&p)
                         .rebalance_period(PERIOD)
-                        .limiter(|b| b.timeout(Duration::from_millis(500)).pods(2))
+                        .live_pods(Duration::from_secs(2))
+                        .limiter(|b| b.timeout(Duration::from_millis(500)))
                         .build()
                         .unwrap()
                 })
@@ -63,16 +64,21 @@ impl Regions {
             .collect()
     }
 
-    /// Waits (bounded) until every pod checks at about an even share: the start-up from
-    /// the floor, before any load is measured.
+    /// Waits (bounded) until every pod checks at about an even share (the start-up from
+    /// the floor) and counts its region's two live pods, before any load is measured.
     async fn settle_even(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self
-            .shares()
-            .iter()
-            .flatten()
-            .all(|s| (s - 1.0 / 3.0).abs() < 0.02)
-        {
+        let ready = |r: &Regions| {
+            r.shares()
+                .iter()
+                .flatten()
+                .all(|s| (s - 1.0 / 3.0).abs() < 0.02)
+                && r.pods.iter().flatten().all(|l| {
+                    l.live_pods() == Some(PODS_PER_REGION as u64)
+                        && l.limiter().pods() == PODS_PER_REGION as u64
+                })
+        };
+        while !ready(self) {
             assert!(
                 Instant::now() < deadline,
                 "shares never evened out: {:?}",

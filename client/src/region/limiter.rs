@@ -5,6 +5,7 @@ use super::record::RegionStore;
 use super::share::WHOLE;
 use super::sync::{self, Settings};
 use super::RegionTarget;
+use crate::pods::LivePods;
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 pub struct RegionalLimiter {
     shared: Arc<Shared>,
     _task: Arc<TaskGuard>,
+    pods: Option<Arc<LivePods>>,
 }
 
 /// What the check path and the sync task share.
@@ -116,6 +118,7 @@ pub struct RegionalBuilder {
     policies: Vec<Policy>,
     settings: Settings,
     configure: Box<dyn FnOnce(LimiterBuilder) -> LimiterBuilder + Send>,
+    live_pods: Option<Duration>,
 }
 
 impl std::fmt::Debug for RegionalBuilder {
@@ -159,6 +162,14 @@ impl RegionalBuilder {
     /// A policy to balance from the start (others are added on their first check).
     pub fn policy(mut self, policy: &Policy) -> Self {
         self.policies.push(policy.clone());
+        self
+    }
+
+    /// Counts this region's live pods ([`LivePods`], in the region's own store under
+    /// `<prefix>:pods:<region>`, counted out after `ttl`) for the local fallback: the
+    /// region's share ÷ its live pods. A region on a cluster keeps the configured count.
+    pub fn live_pods(mut self, ttl: Duration) -> Self {
+        self.live_pods = Some(ttl);
         self
     }
 
@@ -224,10 +235,20 @@ impl RegionalBuilder {
             rebalances: AtomicU64::new(0),
             leader: AtomicBool::new(false),
         });
+        let pods = match (&self.urls[self.region], self.live_pods) {
+            (RegionTarget::Server(url), Some(ttl)) => Some(Arc::new(
+                LivePods::builder(url.clone())
+                    .key(format!("{}:pods:{}", shared.settings.prefix, self.region))
+                    .ttl(ttl)
+                    .start(&shared.limiter)?,
+            )),
+            _ => None,
+        };
         let task = tokio::spawn(sync::run(Arc::downgrade(&shared), stores));
         Ok(RegionalLimiter {
             shared,
             _task: Arc::new(TaskGuard(task)),
+            pods,
         })
     }
 }
@@ -246,6 +267,7 @@ impl RegionalLimiter {
             policies: Vec::new(),
             settings: Settings::default(),
             configure: Box::new(|b| b),
+            live_pods: None,
         }
     }
 
@@ -336,6 +358,11 @@ impl RegionalLimiter {
     /// Whether this pod currently leads its region's rebalancing.
     pub fn is_leader(&self) -> bool {
         self.shared.leader.load(Relaxed)
+    }
+
+    /// The region's live pods as last counted, with [`RegionalBuilder::live_pods`].
+    pub fn live_pods(&self) -> Option<u64> {
+        self.pods.as_ref().and_then(|p| p.count())
     }
 
     /// The limiter on the region's own store (e.g. for [`Limiter::set_pods`]).
