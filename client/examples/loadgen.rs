@@ -8,6 +8,13 @@
 //!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1]
 //! ```
 //!
+//! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
+//! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
+//! `--rebalance-secs S` (default 2). Pods are split evenly over the regions, each counting
+//! its region's live pods for the local fallback; the JSON then
+//! adds `per_region_allowed`, `shares` (the policy's last share in each region) and
+//! `rebalances` (rebalancing rounds run by the regions' leaders).
+//!
 //! Open loop: check `i` is due at `start + i / rate` and started then whether or not earlier
 //! ones have returned, and its latency is measured **from when it was due**, not from when
 //! its task happened to run: queueing inside the load generator counts (no coordinated
@@ -19,7 +26,8 @@
 //! cpu` delta over `RL.CHECKALL` calls), for comparison with a C client's.
 
 use hdrhistogram::Histogram;
-use redis_ratelimit_client::{Limiter, Policy, Source};
+use redis_ratelimit_client::region::RegionalLimiter;
+use redis_ratelimit_client::{Decision, Error, Limiter, Policy, Source};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +45,9 @@ struct Args {
     timeout_ms: f64,
     cluster: bool,
     threads: usize,
+    regions: usize,
+    region_weights: Vec<f64>,
+    rebalance_secs: f64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -52,6 +63,9 @@ fn parse() -> Result<Args, String> {
         timeout_ms: 5.0,
         cluster: false,
         threads: 1,
+        regions: 0,
+        region_weights: Vec::new(),
+        rebalance_secs: 2.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,11 +86,30 @@ fn parse() -> Result<Args, String> {
             "--burst" => a.burst = num(&v)? as u64,
             "--timeout-ms" => a.timeout_ms = num(&v)?,
             "--threads" => a.threads = (num(&v)? as usize).max(1),
+            "--regions" => a.regions = num(&v)? as usize,
+            "--region-weights" => {
+                a.region_weights = v.split(',').map(num).collect::<Result<_, _>>()?;
+            }
+            "--rebalance-secs" => a.rebalance_secs = num(&v)?,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
     if a.pods == 0 || a.keys == 0 || a.rate == 0 {
         return Err("--pods, --keys and --rate must be at least 1".into());
+    }
+    if a.regions > 0 {
+        if a.cluster || a.redis.split(',').count() != a.regions {
+            return Err("--regions N needs N --redis URLs (single servers), one per region".into());
+        }
+        if a.region_weights.is_empty() {
+            a.region_weights = vec![1.0; a.regions];
+        }
+        if a.region_weights.len() != a.regions || a.region_weights.iter().any(|w| *w < 0.0) {
+            return Err("--region-weights needs one weight >= 0 per region".into());
+        }
+        if (a.pods as usize) < a.regions {
+            return Err("--pods must be at least --regions".into());
+        }
     }
     Ok(a)
 }
@@ -119,22 +152,58 @@ async fn run(a: Args) {
         .build()
         .unwrap_or_else(|e| panic!("policy: {e}"));
     let timeout = Duration::from_secs_f64(a.timeout_ms / 1000.0);
-    let pods: Vec<Limiter> = (0..a.pods)
-        .map(|_| {
-            let b = if a.cluster {
-                Limiter::cluster_builder(a.redis.split(',').map(str::to_owned))
-            } else {
-                Limiter::builder(a.redis.clone())
-            };
-            b.timeout(timeout).pods(a.pods).build().expect("limiter")
-        })
-        .collect();
+    let pods: Vec<Pod> = if a.regions > 0 {
+        regional_pods(&a, &policy, timeout)
+    } else {
+        (0..a.pods)
+            .map(|_| {
+                let b = if a.cluster {
+                    Limiter::cluster_builder(a.redis.split(',').map(str::to_owned))
+                } else {
+                    Limiter::builder(a.redis.clone())
+                };
+                Pod::Plain(b.timeout(timeout).pods(a.pods).build().expect("limiter"))
+            })
+            .collect()
+    };
+    let regions = a.regions.max(1);
+    // Region r's pods are r, r + regions, r + 2 × regions, ...
+    let per_region = a.pods as usize / regions;
+    let cumulative: Arc<Vec<f64>> = Arc::new(
+        a.region_weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w;
+                Some(*acc)
+            })
+            .collect(),
+    );
+    let per_region_allowed: Arc<Vec<AtomicU64>> =
+        Arc::new((0..regions).map(|_| AtomicU64::new(0)).collect());
     // Let each pod connect before the clock starts.
     for l in &pods {
         let _ = l.check_one(&policy, "warmup", 0).await;
     }
+    // Regions start at the floor and reach an even split within a few rounds: measure from
+    // there (at most 10 s).
+    let warm = Instant::now();
+    while a.regions > 0 && warm.elapsed() < Duration::from_secs(10) {
+        let even = 1.0 / a.regions as f64;
+        let all_even = pods.iter().all(|p| match p {
+            Pod::Regional(l) => l
+                .share(policy.name())
+                .is_some_and(|s| (s - even).abs() < 0.02),
+            Pod::Plain(_) => true,
+        });
+        if all_even {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
-    let server = (!a.cluster).then(|| ServerCpu::read(&a.redis)).flatten();
+    let server = (!a.cluster && a.regions == 0)
+        .then(|| ServerCpu::read(&a.redis))
+        .flatten();
     let cpu_before = process_cpu();
     let counts = Arc::new(Counts::default());
     let hist = Arc::new(Mutex::new(
@@ -167,7 +236,14 @@ async fn run(a: Args) {
     let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
     while let Some((from, to)) = rx.recv().await {
         for i in from..to {
-            let limiter = pods[(i % a.pods) as usize].clone();
+            let region = pick_region(&cumulative);
+            let pod = region + regions * ((i as usize / regions) % per_region.max(1));
+            let limiter = if a.regions > 0 {
+                pods[pod].clone()
+            } else {
+                pods[(i % a.pods) as usize].clone()
+            };
+            let per_region_allowed = per_region_allowed.clone();
             let subject = subjects.clone();
             let pick = rand::random_range(0..subject.len());
             let (policy, counts, hist, done) =
@@ -175,6 +251,9 @@ async fn run(a: Args) {
             let due = started + per_check.mul_f64(i as f64);
             tokio::spawn(async move {
                 let d = limiter.check_one(&policy, &subject[pick], 1).await;
+                if d.as_ref().is_ok_and(Decision::is_allowed) {
+                    per_region_allowed[region].fetch_add(1, Relaxed);
+                }
                 let us = due.elapsed().as_micros() as u64;
                 if let Ok(mut h) = hist.lock() {
                     let _ = h.record(us.max(1));
@@ -200,6 +279,35 @@ async fn run(a: Args) {
     let c = &*counts;
     let n = |x: &AtomicU64| x.load(Relaxed);
     let bound = a.keys as f64 * (a.burst as f64 + a.limit as f64 / a.period * elapsed);
+    let regional = if a.regions > 0 {
+        let list = |v: Vec<String>| v.join(",");
+        let allowed = list(
+            per_region_allowed
+                .iter()
+                .map(|x| x.load(Relaxed).to_string())
+                .collect(),
+        );
+        let shares = list(
+            (0..regions)
+                .map(|r| match &pods[r] {
+                    Pod::Regional(l) => format!("{:.4}", l.share(policy.name()).unwrap_or(0.0)),
+                    Pod::Plain(_) => "null".into(),
+                })
+                .collect(),
+        );
+        let rebalances: u64 = pods
+            .iter()
+            .map(|p| match p {
+                Pod::Regional(l) => l.rebalances(),
+                Pod::Plain(_) => 0,
+            })
+            .sum();
+        format!(
+            ",\"regions\":{regions},\"per_region_allowed\":[{allowed}],\"shares\":[{shares}],\"rebalances\":{rebalances}"
+        )
+    } else {
+        String::new()
+    };
     println!(
         concat!(
             "{{\"checks\":{},\"allowed\":{},\"denied\":{},\"store\":{},\"fail_open\":{},",
@@ -207,7 +315,7 @@ async fn run(a: Args) {
             "\"checks_per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
             "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1},",
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
-            "\"client_sys_us_per_check\":{:.2},\"server_cpu_us_per_call\":{}}}"
+            "\"client_sys_us_per_check\":{:.2},\"server_cpu_us_per_call\":{}{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -232,7 +340,51 @@ async fn run(a: Args) {
         cpu.user_us / n(&c.checks).max(1) as f64,
         cpu.sys_us / n(&c.checks).max(1) as f64,
         server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
+        regional,
     );
+}
+
+/// A pod: a plain limiter, or one region's share of the quota.
+#[derive(Clone)]
+enum Pod {
+    Plain(Limiter),
+    Regional(RegionalLimiter),
+}
+
+impl Pod {
+    async fn check_one(&self, p: &Policy, subject: &str, cost: u64) -> Result<Decision, Error> {
+        match self {
+            Pod::Plain(l) => l.check_one(p, subject, cost).await,
+            Pod::Regional(l) => l.check_one(p, subject, cost).await,
+        }
+    }
+}
+
+/// `--pods` pods split evenly over `--regions` regions: pod i is in region i mod regions.
+fn regional_pods(a: &Args, policy: &Policy, timeout: Duration) -> Vec<Pod> {
+    let urls: Vec<String> = a.redis.split(',').map(str::to_owned).collect();
+    let per_region = a.pods / a.regions as u64;
+    (0..per_region as usize * a.regions)
+        .map(|i| {
+            let l = RegionalLimiter::builder(i % a.regions, urls.clone())
+                .policy(policy)
+                .rebalance_period(Duration::from_secs_f64(a.rebalance_secs))
+                .live_pods(Duration::from_secs(10))
+                .limiter(move |b| b.timeout(timeout).pods(per_region))
+                .build()
+                .expect("regional limiter");
+            Pod::Regional(l)
+        })
+        .collect()
+}
+
+/// A region drawn by the offered-load weights (cumulative); 0 without regions.
+fn pick_region(cumulative: &[f64]) -> usize {
+    let Some(total) = cumulative.last().copied().filter(|t| *t > 0.0) else {
+        return 0;
+    };
+    let x = rand::random_range(0.0..total);
+    cumulative.iter().position(|c| x < *c).unwrap_or(0)
 }
 
 impl Counts {

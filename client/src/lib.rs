@@ -19,6 +19,9 @@
 //!   the answer came from ([`Source`]).
 //! - Costs known only afterwards (LLM tokens, rows scanned): [`Limiter::reserve`] an estimate,
 //!   then [`Reservation::settle`] the real cost, into debt if need be (`RL.SETTLE`).
+//! - Several regions, each with its own store: [`region::RegionalLimiter`] checks a share
+//!   of each policy per region, rebalanced by demand every few seconds, off the request
+//!   path; [`pods::LivePods`] counts the pods alive for the local fallback's share.
 //! - Inside a service (module `guard`, feature `guard`): a local limiter with the same math
 //!   and an adaptive concurrency limit, as tower layers, to protect an expensive dependency.
 //!
@@ -46,6 +49,10 @@
 //! - `ratelimit_script_fallback_total`, `ratelimit_local_overflow_total`
 //! - `ratelimit_settle_dropped_total`: settlements of fail-closed policies during an outage
 //! - In-service limits (module `guard`, feature `guard`): `guard_*`, listed there.
+//! - Regions ([`region`]): `ratelimit_region_share{region, policy}`,
+//!   `ratelimit_region_rebalance_duration_seconds` (histogram),
+//!   `ratelimit_region_figure_age_seconds{region}`; live pods ([`pods`]):
+//!   `ratelimit_live_pods`.
 
 mod breaker;
 mod decision;
@@ -58,7 +65,9 @@ pub mod http;
 mod key;
 mod limiter;
 mod local;
+pub mod pods;
 mod policy;
+pub mod region;
 mod reservation;
 mod store;
 

@@ -197,6 +197,11 @@ impl Limiter {
         self.inner.pods.store(pods.max(1), Relaxed);
     }
 
+    /// The number of pods the local fallback divides limits by.
+    pub fn pods(&self) -> u64 {
+        self.inner.pods.load(Relaxed)
+    }
+
     /// Whether the circuit breaker is currently keeping calls from the store.
     pub fn breaker_open(&self) -> bool {
         self.inner.breaker.is_open()

@@ -220,7 +220,6 @@ impl PolicyBuilder {
         }
         let burst = self.burst.unwrap_or(self.count);
         let rate = self.count as f64 / self.period.as_secs_f64();
-        let limit = Limit::new(rate, burst).map_err(|e| invalid(e.to_string()))?;
         let shards = u64::from(self.shards);
         if shards > 1 && burst / shards < MIN_SHARD_BURST {
             return bad(format!(
@@ -229,21 +228,67 @@ impl PolicyBuilder {
                  others still hold tokens); use fewer shards or a larger burst"
             ));
         }
-        let shard_rate = rate / shards as f64;
-        let shard_limit =
-            Limit::new(shard_rate, burst / shards).map_err(|e| invalid(e.to_string()))?;
-        Ok(Policy(Arc::new(Inner {
-            name: self.name.into(),
-            count: self.count,
-            period: self.period,
+        Ok(Policy(Arc::new(
+            Inner::new(
+                self.name.into(),
+                self.count,
+                self.period,
+                burst,
+                rate,
+                self.fail_mode,
+                self.shards,
+            )
+            .map_err(|e| invalid(e.to_string()))?,
+        )))
+    }
+}
+
+impl Inner {
+    fn new(
+        name: Arc<str>,
+        count: u64,
+        period: Duration,
+        burst: u64,
+        rate: f64,
+        fail_mode: FailMode,
+        shards: u32,
+    ) -> Result<Self, redis_ratelimit_core::LimitError> {
+        let limit = Limit::new(rate, burst)?;
+        let shard_rate = rate / f64::from(shards);
+        let shard_limit = Limit::new(shard_rate, burst / u64::from(shards))?;
+        Ok(Self {
+            name,
+            count,
+            period,
             burst,
-            fail_mode: self.fail_mode,
-            shards: self.shards,
+            fail_mode,
+            shards,
             rate,
             limit,
             shard_limit,
             shard_rate_arg: shard_rate.to_string(),
-        })))
+        })
+    }
+}
+
+impl Policy {
+    /// This policy at `share` of its rate and burst (the burst rounded down, never below one
+    /// token per shard), under the same name, so the same bucket keys: a region's part of a
+    /// global quota. Count and period stay the global contract's.
+    pub(crate) fn scaled(&self, share: f64) -> Result<Policy, Error> {
+        let p = &self.0;
+        let burst = ((p.burst as f64 * share).floor() as u64).max(u64::from(p.shards));
+        Inner::new(
+            p.name.clone(),
+            p.count,
+            p.period,
+            burst,
+            p.rate * share,
+            p.fail_mode,
+            p.shards,
+        )
+        .map(|inner| Policy(Arc::new(inner)))
+        .map_err(|e| Error::InvalidPolicy(format!("{} at share {share}: {e}", p.name)))
     }
 }
 
@@ -286,6 +331,18 @@ mod tests {
         ] {
             assert!(matches!(b.build(), Err(Error::InvalidPolicy(_))));
         }
+    }
+
+    #[test]
+    fn a_share_scales_rate_and_burst_under_the_same_name() {
+        let p = Policy::builder("api")
+            .per_second(300)
+            .burst(30)
+            .build()
+            .unwrap();
+        let s = p.scaled(0.8).unwrap();
+        assert_eq!((s.name(), s.rate(), s.burst()), ("api", 240.0, 24));
+        assert_eq!(p.scaled(0.01).unwrap().burst(), 1, "never below one token");
     }
 
     #[test]

@@ -1,0 +1,372 @@
+//! The region-aware limiter: a [`Limiter`] on the region's own store, checking each policy
+//! at the region's current share; the shares come from [`super::sync`], off the request path.
+
+use super::record::RegionStore;
+use super::share::WHOLE;
+use super::sync::{self, Settings};
+use super::RegionTarget;
+use crate::pods::LivePods;
+use crate::{Decision, Error, Limiter, LimiterBuilder, Policy};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Checks requests against a region's share of each policy, in the region's own store.
+/// Cheap to clone; clones share everything. The rebalancing task stops when the last clone
+/// is dropped.
+///
+/// ```no_run
+/// use redis_ratelimit_client::region::RegionalLimiter;
+/// use redis_ratelimit_client::Policy;
+/// # async fn demo() -> Result<(), redis_ratelimit_client::Error> {
+/// let api = Policy::builder("api").per_second(300).burst(30).build()?;
+/// // This pod is in region 1 of three; one store per region, in the same order everywhere.
+/// let limiter = RegionalLimiter::builder(1, ["redis://eu:6379", "redis://us:6379", "redis://ap:6379"])
+///     .policy(&api)
+///     .build()?;
+/// let d = limiter.check_one(&api, "api-key-123", 1).await?;
+/// # let _ = d;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RegionalLimiter {
+    shared: Arc<Shared>,
+    _task: Arc<TaskGuard>,
+    pods: Option<Arc<LivePods>>,
+}
+
+/// What the check path and the sync task share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) region: usize,
+    pub(crate) regions: usize,
+    pub(crate) limiter: Limiter,
+    pub(crate) slots: RwLock<HashMap<Arc<str>, Arc<Slot>>>,
+    pub(crate) settings: Settings,
+    pub(crate) rebalances: AtomicU64,
+    pub(crate) leader: AtomicBool,
+}
+
+/// One policy as this pod applies it.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// The global policy.
+    pub(crate) base: Policy,
+    /// Offered cost since the sync task last took it (this region's demand).
+    pub(crate) offered: AtomicU64,
+    pub(crate) applied: Mutex<Applied>,
+}
+
+/// The share a pod checks with, and until when it may.
+#[derive(Debug, Clone)]
+pub(crate) struct Applied {
+    pub(crate) ppm: u32,
+    pub(crate) policy: Policy,
+    /// `policy` at no more than the floor: what a pod uses once its lease on `ppm` ran out
+    /// (its own store unreachable for longer than a lease).
+    pub(crate) capped: Policy,
+    pub(crate) valid_until: Instant,
+}
+
+impl Slot {
+    fn new(base: &Policy, floor: u32, now: Instant) -> Result<Self, Error> {
+        let applied = Applied::at(base, floor, floor, now)?;
+        Ok(Self {
+            base: base.clone(),
+            offered: AtomicU64::new(0),
+            applied: Mutex::new(applied),
+        })
+    }
+
+    pub(crate) fn applied(&self) -> std::sync::MutexGuard<'_, Applied> {
+        self.applied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Applied {
+    pub(crate) fn at(
+        base: &Policy,
+        ppm: u32,
+        floor: u32,
+        valid_until: Instant,
+    ) -> Result<Self, Error> {
+        let fraction = |ppm: u32| f64::from(ppm) / f64::from(WHOLE);
+        Ok(Self {
+            ppm,
+            policy: base.scaled(fraction(ppm))?,
+            capped: base.scaled(fraction(ppm.min(floor)))?,
+            valid_until,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct TaskGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Configures a [`RegionalLimiter`]; see [`RegionalLimiter::builder`].
+#[must_use]
+pub struct RegionalBuilder {
+    region: usize,
+    urls: Vec<RegionTarget>,
+    policies: Vec<Policy>,
+    settings: Settings,
+    configure: Box<dyn FnOnce(LimiterBuilder) -> LimiterBuilder + Send>,
+    live_pods: Option<Duration>,
+}
+
+impl std::fmt::Debug for RegionalBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionalBuilder")
+            .field("region", &self.region)
+            .field("urls", &self.urls)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl RegionalBuilder {
+    /// How often shares are recomputed from demand (default 2 s). Figures are exchanged
+    /// four times per period, so a shrink elsewhere is used within about a period.
+    pub fn rebalance_period(mut self, period: Duration) -> Self {
+        self.settings.period = period.max(Duration::from_millis(40));
+        self
+    }
+
+    /// Least share of every policy per region (default 0.05, at most 1 ÷ regions): what
+    /// an idle region can still serve in a sudden burst, and where every region starts.
+    pub fn floor(mut self, fraction: f64) -> Self {
+        self.settings.floor_fraction = fraction;
+        self
+    }
+
+    /// Weight of the newest demand figure in the smoothed one (default 0.5 per period).
+    pub fn smoothing(mut self, weight: f64) -> Self {
+        self.settings.smoothing = weight.clamp(0.01, 1.0);
+        self
+    }
+
+    /// Longest wait for each store call of the rebalancing (default: a quarter period,
+    /// at most 500 ms). Never on the request path.
+    pub fn sync_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = Some(timeout);
+        self
+    }
+
+    /// A policy to balance from the start (others are added on their first check).
+    pub fn policy(mut self, policy: &Policy) -> Self {
+        self.policies.push(policy.clone());
+        self
+    }
+
+    /// Counts this region's live pods ([`LivePods`], in the region's own store under
+    /// `<prefix>:pods:<region>`, counted out after `ttl`) for the local fallback: the
+    /// region's share ÷ its live pods. A region on a cluster keeps the configured count.
+    pub fn live_pods(mut self, ttl: Duration) -> Self {
+        self.live_pods = Some(ttl);
+        self
+    }
+
+    /// Key prefix of the regions' records (default `rl`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Configures the limiter on the region's own store (timeout, breaker, pods...).
+    pub fn limiter(
+        mut self,
+        configure: impl FnOnce(LimiterBuilder) -> LimiterBuilder + Send + 'static,
+    ) -> Self {
+        self.configure = Box::new(configure);
+        self
+    }
+
+    /// Builds the limiter and starts the rebalancing task. Does not wait for any store.
+    /// Must be called within a Tokio runtime.
+    pub fn build(self) -> Result<RegionalLimiter, Error> {
+        let regions = self.urls.len();
+        if self.region >= regions {
+            return Err(Error::Config(format!(
+                "region {} of {regions} store URLs",
+                self.region
+            )));
+        }
+        let mut settings = self.settings;
+        let floor = settings.floor_fraction;
+        if !(0.0..=1.0).contains(&floor) || floor * regions as f64 > 1.0 + 1e-9 {
+            return Err(Error::Config(format!(
+                "floor {floor} × {regions} regions must be within 0..=1"
+            )));
+        }
+        settings.floor = ((floor * f64::from(WHOLE)) as u32).min(WHOLE / regions as u32);
+        let own = match &self.urls[self.region] {
+            RegionTarget::Server(url) => Limiter::builder(url.clone()),
+            RegionTarget::Cluster(urls) => Limiter::cluster_builder(urls.clone()),
+        };
+        let limiter = (self.configure)(own).build()?;
+        let stores = self
+            .urls
+            .iter()
+            .enumerate()
+            .map(|(r, target)| {
+                RegionStore::open(target, &settings.prefix, r, Duration::from_secs(1))
+                    .map_err(|e| Error::Config(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = Instant::now();
+        let mut slots = HashMap::new();
+        for p in &self.policies {
+            let name: Arc<str> = p.name().into();
+            slots.insert(name, Arc::new(Slot::new(p, settings.floor, now)?));
+        }
+        let shared = Arc::new(Shared {
+            region: self.region,
+            regions,
+            limiter,
+            slots: RwLock::new(slots),
+            settings,
+            rebalances: AtomicU64::new(0),
+            leader: AtomicBool::new(false),
+        });
+        let pods = match (&self.urls[self.region], self.live_pods) {
+            (RegionTarget::Server(url), Some(ttl)) => Some(Arc::new(
+                LivePods::builder(url.clone())
+                    .key(format!("{}:pods:{}", shared.settings.prefix, self.region))
+                    .ttl(ttl)
+                    .start(&shared.limiter)?,
+            )),
+            _ => None,
+        };
+        let task = tokio::spawn(sync::run(Arc::downgrade(&shared), stores));
+        Ok(RegionalLimiter {
+            shared,
+            _task: Arc::new(TaskGuard(task)),
+            pods,
+        })
+    }
+}
+
+impl RegionalLimiter {
+    /// A limiter for a pod in region `region` (an index into `stores`), where `stores` are
+    /// the regions' stores (a URL each, or a [`RegionTarget::Cluster`]), in the same order
+    /// in every region.
+    pub fn builder(
+        region: usize,
+        stores: impl IntoIterator<Item = impl Into<RegionTarget>>,
+    ) -> RegionalBuilder {
+        RegionalBuilder {
+            region,
+            urls: stores.into_iter().map(Into::into).collect(),
+            policies: Vec::new(),
+            settings: Settings::default(),
+            configure: Box::new(|b| b),
+            live_pods: None,
+        }
+    }
+
+    /// Checks `cost` tokens of one policy for `subject` in this region's share.
+    pub async fn check_one(
+        &self,
+        policy: &Policy,
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.check(subject, &[(policy, cost)]).await
+    }
+
+    /// Checks a request against several policies, each at this region's share, as
+    /// [`Limiter::check`] does. Only the region's own store is asked.
+    pub async fn check(
+        &self,
+        subject: &str,
+        policies: &[(&Policy, u64)],
+    ) -> Result<Decision, Error> {
+        let now = Instant::now();
+        let mut scaled = Vec::with_capacity(policies.len());
+        for &(policy, cost) in policies {
+            let slot = self.slot(policy)?;
+            slot.offered.fetch_add(cost, Relaxed);
+            let applied = slot.applied();
+            let p = if now < applied.valid_until {
+                applied.policy.clone()
+            } else {
+                applied.capped.clone()
+            };
+            scaled.push((p, cost));
+        }
+        let refs: Vec<(&Policy, u64)> = scaled.iter().map(|(p, c)| (p, *c)).collect();
+        self.shared.limiter.check(subject, &refs).await
+    }
+
+    fn slot(&self, policy: &Policy) -> Result<Arc<Slot>, Error> {
+        let slots = &self.shared.slots;
+        if let Some(s) = slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(policy.name())
+        {
+            if s.base == *policy {
+                return Ok(s.clone());
+            }
+        }
+        // First check of this policy (or its limits changed): it starts at the floor, which
+        // is always safe, and grows through the protocol.
+        let slot = Arc::new(Slot::new(
+            policy,
+            self.shared.settings.floor,
+            Instant::now(),
+        )?);
+        let mut w = slots.write().unwrap_or_else(|p| p.into_inner());
+        let entry = w
+            .entry(policy.name().into())
+            .or_insert_with(|| slot.clone());
+        if entry.base != *policy {
+            *entry = slot;
+        }
+        Ok(entry.clone())
+    }
+
+    /// This region's index.
+    pub fn region(&self) -> usize {
+        self.shared.region
+    }
+
+    /// The share of `policy` this pod checks with now (0..=1), if it has seen the policy.
+    pub fn share(&self, policy: &str) -> Option<f64> {
+        let slots = self.shared.slots.read().unwrap_or_else(|p| p.into_inner());
+        let applied = slots.get(policy)?.applied().clone();
+        let ppm = if Instant::now() < applied.valid_until {
+            applied.ppm
+        } else {
+            applied.ppm.min(self.shared.settings.floor)
+        };
+        Some(f64::from(ppm) / f64::from(WHOLE))
+    }
+
+    /// Rebalancing rounds this pod ran as its region's leader.
+    pub fn rebalances(&self) -> u64 {
+        self.shared.rebalances.load(Relaxed)
+    }
+
+    /// Whether this pod currently leads its region's rebalancing.
+    pub fn is_leader(&self) -> bool {
+        self.shared.leader.load(Relaxed)
+    }
+
+    /// The region's live pods as last counted, with [`RegionalBuilder::live_pods`].
+    pub fn live_pods(&self) -> Option<u64> {
+        self.pods.as_ref().and_then(|p| p.count())
+    }
+
+    /// The limiter on the region's own store (e.g. for [`Limiter::set_pods`]).
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+}

@@ -1,0 +1,243 @@
+//! What a region keeps in its own store, and how it is read and written.
+//!
+//! ```text
+//! <prefix>:{region.<r>}          hash, written by region r's leader only:
+//!                                  <policy>:claim  ppm   (see share::Share::claim)
+//!                                  <policy>:share  ppm   (what r's pods use; followers read it)
+//!                                  <policy>:demand f64   (smoothed offered cost per second)
+//! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
+//! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
+//! ```
+//!
+//! One hash tag, so a region on a cluster answers a round trip from one node.
+//!
+//! Every region *reads* the others' records; no region writes to another's store. So a
+//! record has one writer, a write never half-fails across regions, and a region that
+//! cannot be reached only stops its peers from growing (the safe direction).
+
+use super::RegionTarget;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A region's store as sync reaches it: a server (connection manager: lazy, reconnects by
+/// itself) or a cluster (connected on first use, retried on the next call until it works).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(
+        Arc<ClusterClient>,
+        Arc<tokio::sync::OnceCell<ClusterConnection>>,
+    ),
+}
+
+/// A connection ready for one call.
+enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Live {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Live::Single(c) => c.req_packed_command(cmd),
+            Live::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Live::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Live::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Live::Single(c) => c.get_db(),
+            Live::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    async fn live(&self) -> redis::RedisResult<Live> {
+        match self {
+            Conn::Single(c) => Ok(Live::Single(c.clone())),
+            Conn::Cluster(client, cell) => {
+                let c = cell
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?;
+                Ok(Live::Cluster(c.clone()))
+            }
+        }
+    }
+}
+
+/// A store that sync talks to: one region's server or cluster.
+#[derive(Clone)]
+pub(crate) struct RegionStore {
+    conn: Conn,
+    /// `<prefix>:region:<r>`.
+    record_key: String,
+    demand_key: String,
+    leader_key: String,
+}
+
+impl std::fmt::Debug for RegionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionStore")
+            .field("record_key", &self.record_key)
+            .finish()
+    }
+}
+
+/// One policy's figures in a record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Figures {
+    pub(crate) claim: Option<u32>,
+    pub(crate) share: Option<u32>,
+    pub(crate) demand: Option<f64>,
+}
+
+/// A record as read: figures by policy name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Record(HashMap<String, String>);
+
+impl Record {
+    pub(crate) fn figures(&self, policy: &str) -> Figures {
+        let get = |field: &str| self.0.get(&format!("{policy}:{field}"));
+        Figures {
+            claim: get("claim").and_then(|v| v.parse().ok()),
+            share: get("share").and_then(|v| v.parse().ok()),
+            demand: get("demand").and_then(|v| v.parse().ok()),
+        }
+    }
+}
+
+/// Renews the lease if this pod holds it, takes it if nobody does; 1 if held afterwards.
+const LEASE_LUA: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0";
+
+/// What one sync round trip to the pod's own store answered.
+#[derive(Debug)]
+pub(crate) struct OwnRound {
+    pub(crate) leader: bool,
+    pub(crate) record: Record,
+    /// Cumulative offered cost per policy, all pods of the region.
+    pub(crate) offered: HashMap<String, u64>,
+}
+
+impl RegionStore {
+    pub(crate) fn open(
+        target: &RegionTarget,
+        prefix: &str,
+        region: usize,
+        connect_timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let conn = match target {
+            RegionTarget::Server(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(1)
+                    .set_max_delay(connect_timeout);
+                Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            RegionTarget::Cluster(urls) => {
+                let client = ClusterClient::builder(urls.clone())
+                    .connection_timeout(connect_timeout)
+                    .retries(1)
+                    .build()?;
+                Conn::Cluster(Arc::new(client), Arc::default())
+            }
+        };
+        let record_key = format!("{prefix}:{{region.{region}}}");
+        Ok(Self {
+            conn,
+            demand_key: format!("{record_key}:demand"),
+            leader_key: format!("{record_key}:leader"),
+            record_key,
+        })
+    }
+
+    /// One round trip: adds this pod's offered cost, renews or takes the leader lease (if
+    /// `candidate`), reads the region's record and demand counters.
+    pub(crate) async fn own_round(
+        &self,
+        offered: &[(&str, u64)],
+        pod_id: &str,
+        lease: Duration,
+        candidate: bool,
+    ) -> redis::RedisResult<OwnRound> {
+        let mut pipe = redis::pipe();
+        for (policy, n) in offered {
+            pipe.cmd("HINCRBY")
+                .arg(&self.demand_key)
+                .arg(*policy)
+                .arg(*n)
+                .ignore();
+        }
+        if candidate {
+            pipe.cmd("EVAL")
+                .arg(LEASE_LUA)
+                .arg(1)
+                .arg(&self.leader_key)
+                .arg(pod_id)
+                .arg(lease.as_millis().max(1) as u64);
+        } else {
+            pipe.cmd("ECHO").arg(0);
+        }
+        pipe.cmd("HGETALL").arg(&self.record_key);
+        pipe.cmd("HGETALL").arg(&self.demand_key);
+        let (leader, record, counters): (i64, HashMap<String, String>, HashMap<String, u64>) =
+            pipe.query_async(&mut self.conn.live().await?).await?;
+        Ok(OwnRound {
+            leader: leader == 1,
+            record: Record(record),
+            offered: counters,
+        })
+    }
+
+    /// Writes this region's figures (the leader only).
+    pub(crate) async fn publish(
+        &self,
+        figures: &[(&str, u32, u32, f64)],
+    ) -> redis::RedisResult<()> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&self.record_key);
+        for (policy, claim, share, demand) in figures {
+            cmd.arg(format!("{policy}:claim"))
+                .arg(*claim)
+                .arg(format!("{policy}:share"))
+                .arg(*share)
+                .arg(format!("{policy}:demand"))
+                .arg(*demand);
+        }
+        cmd.query_async::<i64>(&mut self.conn.live().await?)
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads a region's record (a peer's, from its own store).
+    pub(crate) async fn read(&self) -> redis::RedisResult<Record> {
+        redis::cmd("HGETALL")
+            .arg(&self.record_key)
+            .query_async::<HashMap<String, String>>(&mut self.conn.live().await?)
+            .await
+            .map(Record)
+    }
+}

@@ -1,0 +1,90 @@
+//! Live pod count: pods beat into their store; each counts the live ones and uses the count
+//! for its local fallback share. A pod that stops beating is counted out after its TTL; the
+//! last count stands while the store cannot be reached.
+
+use redis_ratelimit_client::pods::LivePods;
+use redis_ratelimit_client::Limiter;
+use redis_ratelimit_testkit::*;
+use std::time::{Duration, Instant};
+
+const TTL: Duration = Duration::from_millis(1000);
+const INTERVAL: Duration = Duration::from_millis(200);
+/// Scheduling noise on a loaded 2-core machine, on top of TTL + one interval.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn pod(s: &Server) -> (Limiter, LivePods) {
+    let l = Limiter::builder(s.url()).build().unwrap();
+    let p = LivePods::builder(s.url())
+        .ttl(TTL)
+        .interval(INTERVAL)
+        .start(&l)
+        .unwrap();
+    (l, p)
+}
+
+async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_follows_the_pods_alive() {
+    for flavor in Flavor::ALL {
+        let s = Server::start(flavor);
+        let mut pods: Vec<_> = (0..3).map(|_| pod(&s)).collect();
+        let all_three = until(TTL + SLACK, || {
+            pods.iter()
+                .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
+        })
+        .await;
+        let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+        assert!(all_three, "{flavor:?}: {counts:?}");
+
+        // One crashes (stops beating without leaving): counted out within its TTL.
+        let stopped_at = Instant::now();
+        drop(pods.pop());
+        let two = until(TTL + INTERVAL + SLACK, || {
+            pods.iter()
+                .all(|(l, p)| p.count() == Some(2) && l.pods() == 2)
+        })
+        .await;
+        let took = stopped_at.elapsed();
+        let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+        assert!(two, "{flavor:?}: {counts:?} after {took:?}");
+        eprintln!("{flavor:?}: a stopped pod counted out after {took:?} (TTL {TTL:?})");
+
+        // One leaves gracefully: gone at the others' next beat, not after a TTL.
+        let (_, leaving) = pods.pop().unwrap();
+        leaving.leave().await;
+        let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
+        assert!(one, "{flavor:?}: {:?}", pods[0].1.count());
+        assert_eq!(pods[0].0.pods(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_count_kept_while_the_store_is_unreachable() {
+    let s = Server::start(Flavor::Redis);
+    let pods: Vec<_> = (0..2).map(|_| pod(&s)).collect();
+    assert!(
+        until(TTL + SLACK, || pods
+            .iter()
+            .all(|(_, p)| p.count() == Some(2)))
+        .await
+    );
+    s.signal("STOP");
+    // Several beats fail meanwhile (each times out after 500 ms).
+    tokio::time::sleep(TTL * 2).await;
+    let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+    s.signal("CONT");
+    assert!(
+        counts.iter().all(|c| *c == (Some(2), 2)),
+        "count lost while unreachable: {counts:?}"
+    );
+}

@@ -1,0 +1,83 @@
+//! The regions' and live pods' metrics, read through a debugging recorder (thread-local:
+//! this test runs on one thread, and so do the tasks it spawns).
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use redis_ratelimit_client::pods::LivePods;
+use redis_ratelimit_client::region::RegionalLimiter;
+use redis_ratelimit_client::Policy;
+use redis_ratelimit_testkit::*;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "current_thread")]
+async fn shares_rebalances_figure_age_and_pods_are_reported() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let servers: Vec<Server> = (0..2).map(|_| Server::start(Flavor::Valkey)).collect();
+    let urls: Vec<String> = servers.iter().map(Server::url).collect();
+    let p = Policy::builder("api")
+        .per_second(100)
+        .burst(10)
+        .build()
+        .unwrap();
+    let regions: Vec<RegionalLimiter> = (0..2)
+        .map(|r| {
+            RegionalLimiter::builder(r, urls.clone())
+                .policy(&p)
+                .rebalance_period(Duration::from_millis(200))
+                .limiter(|b| b.timeout(Duration::from_millis(500)))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let pods = LivePods::builder(urls[0].clone())
+        .ttl(Duration::from_secs(1))
+        .interval(Duration::from_millis(100))
+        .start(regions[0].limiter())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while regions.iter().any(|l| l.share("api") != Some(0.5)) || pods.count() != Some(1) {
+        assert!(Instant::now() < deadline, "no even split or pod count");
+        regions[0].check_one(&p, "k", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut share = Vec::new();
+    let (mut durations, mut ages, mut live) = (0, Vec::new(), None);
+    for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+        let key = k.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_string())
+        };
+        match (key.name(), v) {
+            ("ratelimit_region_share", DebugValue::Gauge(g)) => {
+                share.push((label("region"), label("policy"), g.into_inner()));
+            }
+            ("ratelimit_region_rebalance_duration_seconds", DebugValue::Histogram(h)) => {
+                durations += h.len();
+            }
+            ("ratelimit_region_figure_age_seconds", DebugValue::Gauge(g)) => {
+                ages.push(g.into_inner());
+            }
+            ("ratelimit_live_pods", DebugValue::Gauge(g)) => live = Some(g.into_inner()),
+            _ => {}
+        }
+    }
+    share.sort_by(|a, b| a.0.cmp(&b.0));
+    let api = Some("api".to_string());
+    assert_eq!(
+        share,
+        vec![
+            (Some("0".into()), api.clone(), 0.5),
+            (Some("1".into()), api, 0.5)
+        ]
+    );
+    assert!(durations > 0, "no rebalance duration recorded");
+    // Peers are read every round (50 ms here): the oldest figure used is recent.
+    assert_eq!(ages.len(), 2);
+    assert!(ages.iter().all(|a| a.is_finite() && *a < 5.0), "{ages:?}");
+    assert_eq!(live, Some(1.0));
+}

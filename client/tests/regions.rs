@@ -1,0 +1,385 @@
+//! Regions: three servers on loopback, one per region, two pods per region. One subject,
+//! 300/s burst 30, offered 5× that for 12 s, split over the regions by weight.
+//!
+//! The tests are CPU-heavy (1 500 checks/s over three servers on two cores), so they run
+//! one at a time (`SERIAL`). Bounds are the issue's, with no timing assertions.
+
+use redis_ratelimit_client::region::{RegionTarget, RegionalLimiter};
+use redis_ratelimit_client::{Policy, Source};
+use redis_ratelimit_testkit::*;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LIMIT: f64 = 300.0;
+const BURST: f64 = 30.0;
+const OFFERED: f64 = 5.0 * LIMIT;
+const PODS_PER_REGION: usize = 2;
+const PERIOD: Duration = Duration::from_secs(1);
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn policy() -> Policy {
+    Policy::builder("api")
+        .per_second(LIMIT as u64)
+        .burst(BURST as u64)
+        .build()
+        .unwrap()
+}
+
+struct Regions {
+    servers: Vec<Server>,
+    /// `pods[r]`: region r's pods.
+    pods: Vec<Vec<RegionalLimiter>>,
+}
+
+fn start() -> Regions {
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let urls: Vec<String> = servers.iter().map(Server::url).collect();
+    let p = policy();
+    let pods = (0..3)
+        .map(|r| {
+            (0..PODS_PER_REGION)
+                .map(|_| {
+                    RegionalLimiter::builder(r, urls.clone())
+                        .policy(&p)
+                        .rebalance_period(PERIOD)
+                        .live_pods(Duration::from_secs(2))
+                        .limiter(|b| b.timeout(Duration::from_millis(500)))
+                        .build()
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    Regions { servers, pods }
+}
+
+impl Regions {
+    /// Every pod's share of the policy, by region.
+    fn shares(&self) -> Vec<Vec<f64>> {
+        self.pods
+            .iter()
+            .map(|pods| pods.iter().map(|l| l.share("api").unwrap_or(0.0)).collect())
+            .collect()
+    }
+
+    /// Waits (bounded) until every pod checks at about an even share (the start-up from
+    /// the floor) and counts its region's two live pods, before any load is measured.
+    async fn settle_even(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let ready = |r: &Regions| {
+            r.shares()
+                .iter()
+                .flatten()
+                .all(|s| (s - 1.0 / 3.0).abs() < 0.02)
+                && r.pods.iter().flatten().all(|l| {
+                    l.live_pods() == Some(PODS_PER_REGION as u64)
+                        && l.limiter().pods() == PODS_PER_REGION as u64
+                })
+        };
+        while !ready(self) {
+            assert!(
+                Instant::now() < deadline,
+                "shares never evened out: {:?}",
+                self.shares()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Regions {
+    /// The largest sum over regions of the highest share any of its pods checks with,
+    /// sampled every 5 ms until `stop` (the invariant, observed on the real system: a sample
+    /// reads the pods one after another, microseconds apart, while a share freed by one
+    /// region is taken by another only after a hold of most of a period).
+    fn sample_sum(&self, stop: Arc<std::sync::atomic::AtomicBool>) -> tokio::task::JoinHandle<f64> {
+        let pods = self.pods.clone();
+        tokio::spawn(async move {
+            let mut most: f64 = 0.0;
+            while !stop.load(Relaxed) {
+                let sum: f64 = pods
+                    .iter()
+                    .map(|region| {
+                        region
+                            .iter()
+                            .map(|l| l.share("api").unwrap_or(0.0))
+                            .fold(0.0, f64::max)
+                    })
+                    .sum();
+                most = most.max(sum);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Run {
+    allowed: Vec<u64>,
+    local: u64,
+    errors: u64,
+    secs: f64,
+}
+
+impl Run {
+    fn total(&self) -> u64 {
+        self.allowed.iter().sum()
+    }
+
+    /// What one global bucket would admit over the run: limit × t + burst.
+    fn bound(&self) -> f64 {
+        LIMIT * self.secs + BURST
+    }
+}
+
+/// Offers `OFFERED` checks/s of one subject for `secs`, split by `weights` over the
+/// regions and round-robin over each region's pods, open loop (checks are launched when
+/// due, whether or not earlier ones have returned).
+async fn drive(regions: &Regions, weights: [f64; 3], secs: f64) -> Run {
+    let p = policy();
+    let total_w: f64 = weights.iter().sum();
+    let allowed: Arc<Vec<AtomicU64>> = Arc::new((0..3).map(|_| AtomicU64::new(0)).collect());
+    let local = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut launched = [0u64; 3];
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    loop {
+        let t = started.elapsed().as_secs_f64().min(secs);
+        for r in 0..3 {
+            let due = (OFFERED * weights[r] / total_w * t) as u64;
+            while launched[r] < due {
+                let l = regions.pods[r][launched[r] as usize % PODS_PER_REGION].clone();
+                let (p, allowed, local, errors) =
+                    (p.clone(), allowed.clone(), local.clone(), errors.clone());
+                tasks.push(tokio::spawn(async move {
+                    match l.check_one(&p, "the-one-subject", 1).await {
+                        Ok(d) => {
+                            if d.is_allowed() {
+                                allowed[r].fetch_add(1, Relaxed);
+                            }
+                            if d.source == Source::LocalFallback {
+                                local.fetch_add(1, Relaxed);
+                            }
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Relaxed);
+                        }
+                    }
+                }));
+                launched[r] += 1;
+            }
+        }
+        if t >= secs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Until the last check returned: admissions may happen that late.
+    let secs = started.elapsed().as_secs_f64();
+    Run {
+        allowed: allowed.iter().map(|a| a.load(Relaxed)).collect(),
+        local: local.load(Relaxed),
+        errors: errors.load(Relaxed),
+        secs,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_region_gets_most_then_shares_return_to_even() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = regions.sample_sum(stop.clone());
+    let run = drive(&regions, [80.0, 10.0, 10.0], 12.0).await;
+    let total = run.total();
+    eprintln!(
+        "80/10/10: {run:?} total {total} bound {:.0} busy {:.1}% shares {:?}",
+        run.bound(),
+        100.0 * run.allowed[0] as f64 / total as f64,
+        regions.shares()
+    );
+    assert_eq!(run.errors, 0);
+    assert!(
+        run.allowed[0] as f64 >= 0.65 * total as f64,
+        "busy region admitted {} of {total}",
+        run.allowed[0]
+    );
+    assert!(total as f64 <= run.bound(), "{total} > {:.1}", run.bound());
+    assert!(
+        total as f64 >= 0.85 * run.bound(),
+        "quota stranded: {total} < 85% of {:.1}",
+        run.bound()
+    );
+    let busy = regions.shares()[0][0];
+    assert!(busy > 0.6, "busy region's share {busy}");
+
+    // Demand evens out: so do the shares (a few periods to follow the smoothed demand).
+    let run = drive(&regions, [1.0, 1.0, 1.0], 8.0).await;
+    let shares = regions.shares();
+    stop.store(true, Relaxed);
+    let most = sampler.await.unwrap();
+    eprintln!("then 1/1/1: {run:?} shares {shares:?}; largest sum of shares seen {most}");
+    assert_eq!(run.errors, 0);
+    assert!(most <= 1.0 + 1e-9, "shares in use summed to {most}");
+    for s in shares.iter().flatten() {
+        assert!(
+            (s - 1.0 / 3.0).abs() <= 0.05,
+            "not back to even: {shares:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn even_demand_uses_the_whole_quota_and_no_more() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let run = drive(&regions, [1.0, 1.0, 1.0], 12.0).await;
+    let (total, bound) = (run.total() as f64, run.bound());
+    eprintln!(
+        "1/1/1: {run:?} total {total} bound {bound:.0} ({:.1}%) shares {:?}",
+        100.0 * total / bound,
+        regions.shares()
+    );
+    assert_eq!(run.errors, 0);
+    assert!(total >= 0.85 * bound, "{total} < 85% of {bound:.1}");
+    assert!(total <= 1.02 * bound, "{total} > 102% of {bound:.1}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_region_neither_errs_nor_lets_the_total_overrun() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let stopper = {
+        let pid = regions.servers[2].pid();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let kill = |sig: &str| {
+                std::process::Command::new("kill")
+                    .args([format!("-{sig}"), pid.to_string()])
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false)
+            };
+            assert!(kill("STOP"));
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            assert!(kill("CONT"));
+        })
+    };
+    let run = drive(&regions, [1.0, 1.0, 1.0], 12.0).await;
+    stopper.await.unwrap();
+    let (total, bound) = (run.total() as f64, run.bound());
+    eprintln!(
+        "region 2 stopped 4 s: {run:?} total {total} bound {bound:.0} ({:.1}%) shares {:?}",
+        100.0 * total / bound,
+        regions.shares()
+    );
+    assert_eq!(run.errors, 0);
+    assert!(run.local > 0, "the stopped region's pods never fell back");
+    assert!(total <= 1.05 * bound, "{total} > 105% of {bound:.1}");
+}
+
+/// A region on a cluster beside one on a single server: the leader's lease, record and
+/// counters live in the cluster (one hash tag), the peer reads them there, and checks go to
+/// the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_on_a_cluster() {
+    let _serial = SERIAL.lock().await;
+    let nodes = start_cluster(Flavor::Valkey);
+    let server = Server::start(Flavor::Valkey);
+    let stores = vec![
+        RegionTarget::Cluster(nodes.iter().map(Server::url).collect()),
+        RegionTarget::Server(server.url()),
+    ];
+    let p = policy();
+    let pods: Vec<RegionalLimiter> = (0..2)
+        .map(|r| {
+            RegionalLimiter::builder(r, stores.clone())
+                .policy(&p)
+                .rebalance_period(Duration::from_millis(400))
+                .limiter(|b| b.timeout(Duration::from_millis(500)))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pods.iter().any(|l| l.share("api") != Some(0.5)) {
+        let shares: Vec<_> = pods.iter().map(|l| l.share("api")).collect();
+        assert!(Instant::now() < deadline, "never even: {shares:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pods.iter().all(RegionalLimiter::is_leader));
+    // Half of 300/s burst 30 is the cluster region's: 15 at once, then 150/s of refill.
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    for _ in 0..40 {
+        let d = pods[0].check_one(&p, "someone", 1).await.unwrap();
+        seen.push((d.source, d.is_allowed()));
+    }
+    let most = 15.0 + 150.0 * started.elapsed().as_secs_f64();
+    let admitted = seen.iter().filter(|(_, ok)| *ok).count();
+    assert!(
+        seen.iter()
+            .all(|(s, _)| matches!(s, Source::Store | Source::DenyCache)),
+        "{seen:?}"
+    );
+    assert!(
+        (15..=most as usize).contains(&admitted),
+        "{admitted} of {seen:?}, at most {most:.1}"
+    );
+}
+
+/// Rule 3 on the real system: the busy region cannot read a stopped peer, so it does not
+/// grow, although another region gave quota up; once the peer answers again, it grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_that_cannot_read_a_peer_does_not_grow() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let before = regions.shares()[0][0];
+    regions.servers[2].signal("STOP");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (pods, stop) = (regions.pods[0].clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut most: f64 = 0.0;
+            while !stop.load(Relaxed) {
+                for l in &pods {
+                    most = most.max(l.share("api").unwrap_or(0.0));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    let cut_off = drive(&regions, [80.0, 10.0, 10.0], 5.0).await;
+    stop.store(true, Relaxed);
+    let most = sampler.await.unwrap();
+    let freed = regions.shares()[1][0];
+    regions.servers[2].signal("CONT");
+    let after = drive(&regions, [80.0, 10.0, 10.0], 6.0).await;
+    let shares = regions.shares();
+    eprintln!(
+        "cut off: {cut_off:?}, busy share at most {most} (before {before}), region 1 at {freed}; \
+         then {after:?} shares {shares:?}"
+    );
+    assert!(freed < before, "region 1 did not shrink: {freed}");
+    assert!(
+        most <= before,
+        "grew while a peer was unreadable: {most} > {before}"
+    );
+    assert!(
+        shares[0][0] > 0.5,
+        "did not grow once it could read again: {shares:?}"
+    );
+    assert_eq!(cut_off.errors + after.errors, 0);
+}
