@@ -246,12 +246,14 @@ impl Server {
                 return Err(NotReady::Exited(self.log()));
             }
             if let Ok(mut c) = self.try_conn() {
-                // A server still loading its AOF answers LOADING; wait for it too.
+                // Ours (not another process on the port), and past loading its AOF or RDB:
+                // `INFO` answers while loading, `PING` answers LOADING until done.
                 let info: redis::RedisResult<String> =
                     redis::cmd("INFO").arg("server").query(&mut c);
-                match info {
-                    Ok(info) if info.lines().any(|l| l.trim() == pid) => return Ok(()),
-                    _ => {}
+                let ours = info.is_ok_and(|info| info.lines().any(|l| l.trim() == pid));
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                if ours && pong.is_ok() {
+                    return Ok(());
                 }
             }
             if Instant::now() >= deadline {
