@@ -81,8 +81,10 @@ impl StoreError {
 /// `BUSY`: a runaway script; `LOADING`: a dataset loading; `MISCONF`: writes stopped after a
 /// failed save; `NOREPLICAS`: `min-replicas-to-write` unmet; `READONLY`: a replica after a
 /// failover; `OOM`: `maxmemory` reached; `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`: a cluster
-/// or replica in transition. Every other reply (`ERR`, `WRONGTYPE`, ...) is a bug to fix.
-const UNWELL: [&str; 9] = [
+/// or replica in transition; `MOVED`, `ASK`: a redirection the cluster client could not
+/// follow within its retries (a node unreachable, slots moving). Every other reply (`ERR`,
+/// `WRONGTYPE`, ...) is a bug to fix.
+const UNWELL: [&str; 11] = [
     "BUSY",
     "LOADING",
     "MISCONF",
@@ -92,6 +94,8 @@ const UNWELL: [&str; 9] = [
     "TRYAGAIN",
     "CLUSTERDOWN",
     "MASTERDOWN",
+    "MOVED",
+    "ASK",
 ];
 
 impl std::fmt::Display for StoreError {
