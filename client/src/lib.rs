@@ -55,6 +55,7 @@
 //!   `ratelimit_live_pods`.
 
 mod breaker;
+mod breakers;
 mod decision;
 mod deny_cache;
 mod error;

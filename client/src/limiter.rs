@@ -2,6 +2,7 @@
 //! or the fail mode when the store cannot be asked.
 
 use crate::breaker::{Admission, Breaker};
+use crate::breakers::Breakers;
 use crate::deny_cache::DenyCache;
 use crate::error::StoreError;
 use crate::local::LocalBuckets;
@@ -23,7 +24,8 @@ pub struct Limiter {
 #[derive(Debug)]
 struct Inner {
     store: Store,
-    breaker: Breaker,
+    /// One per cluster node, or one for a single server.
+    breakers: Arc<Breakers>,
     deny: DenyCache,
     local: LocalBuckets,
     layout: KeyLayout,
@@ -140,6 +142,7 @@ impl LimiterBuilder {
     /// Builds the limiter. Does not wait for the store: a pod starting while Redis is down
     /// still answers, through its fail modes. Must be called within a Tokio runtime.
     pub fn build(self) -> Result<Limiter, Error> {
+        let breakers = Arc::new(Breakers::new(self.breaker_threshold, self.probe_interval));
         let store = match self.target {
             Target::Single(url) => Store::single(&url, self.connect_timeout, self.force_script),
             Target::Cluster(urls) => Store::cluster(
@@ -147,13 +150,14 @@ impl LimiterBuilder {
                 self.connect_timeout,
                 self.probe_interval,
                 self.force_script,
+                Arc::downgrade(&breakers),
             ),
         }
         .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store,
-                breaker: Breaker::new(self.breaker_threshold, self.probe_interval),
+                breakers,
                 deny: DenyCache::new(self.deny_cache_capacity),
                 local: LocalBuckets::new(self.local_capacity),
                 layout: self.layout,
@@ -202,9 +206,10 @@ impl Limiter {
         self.inner.pods.load(Relaxed)
     }
 
-    /// Whether the circuit breaker is currently keeping calls from the store.
+    /// Whether a circuit breaker (of any cluster node) is currently keeping calls from the
+    /// store.
     pub fn breaker_open(&self) -> bool {
-        self.inner.breaker.is_open()
+        self.inner.breakers.any_open()
     }
 
     /// Entries in the deny cache.
@@ -299,7 +304,11 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let inner = &self.inner;
         let now = Instant::now();
-        if let Admission::Reject(_) = inner.breaker.admit(now) {
+        let Some(first) = held.first() else {
+            return Ok(self.settle_locally(held, deltas));
+        };
+        let breaker = inner.breakers.for_key(&first.key);
+        if let Admission::Reject(_) = breaker.admit(now) {
             return Ok(self.settle_locally(held, deltas));
         }
         let items: Vec<SettleItem<'_>> = held
@@ -315,7 +324,7 @@ impl Limiter {
         let asked = tokio::time::timeout(inner.timeout, inner.store.settle(&items)).await;
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered();
+                self.store_answered(&breaker);
                 let outcomes = held
                     .iter()
                     .zip(replies)
@@ -330,10 +339,10 @@ impl Limiter {
                     .unwrap_or_else(unreachable_empty))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&e);
+                self.store_failed(&breaker, &e);
                 Ok(self.settle_locally(held, deltas))
             }
-            Err(e) => Err(self.store_refused(e)),
+            Err(e) => Err(self.store_refused(&breaker, e)),
         }
     }
 
@@ -421,46 +430,61 @@ impl Limiter {
         if let Some(d) = self.answer_from_deny_cache(planned, now) {
             return Ok(d);
         }
-        if let Admission::Reject(probe_at) = inner.breaker.admit(now) {
+        // The subject's own buckets decide which node it is (sharded ones aside).
+        let breaker = match planned.first() {
+            Some(p) => inner.breakers.for_key(&p.key),
+            None => return Err(Error::Config("a check needs at least one policy".into())),
+        };
+        if let Admission::Reject(probe_at) = breaker.admit(now) {
             return Ok(self.fallback(planned, probe_at.saturating_duration_since(now)));
         }
         let asked = tokio::time::timeout(inner.timeout, self.ask_store(planned)).await;
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered();
+                self.store_answered(&breaker);
                 // Retry-After counts from the reply, not from before the round trip.
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&e);
+                self.store_failed(&breaker, &e);
                 Ok(self.fallback(planned, inner.probe_interval))
             }
-            Err(e) => Err(self.store_refused(e)),
+            Err(e) => Err(self.store_refused(&breaker, e)),
         }
     }
 
-    fn store_answered(&self) {
+    fn store_answered(&self, breaker: &Breaker) {
         self.inner.store.on_answer();
-        if self.inner.breaker.on_success() {
+        if breaker.on_success() {
             tracing::info!("ratelimit: store reachable again, breaker closed");
-            metrics::gauge!("ratelimit_breaker_open").set(0.0);
+            self.breaker_gauge();
         }
     }
 
-    fn store_failed(&self, e: &StoreError) {
+    /// 1 while any breaker is open.
+    fn breaker_gauge(&self) {
+        let open = if self.inner.breakers.any_open() {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!("ratelimit_breaker_open").set(open);
+    }
+
+    fn store_failed(&self, breaker: &Breaker, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         self.inner.store.on_failure(e);
-        if self.inner.breaker.on_failure(Instant::now()) {
+        if breaker.on_failure(Instant::now()) {
             tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
-            metrics::gauge!("ratelimit_breaker_open").set(1.0);
+            self.breaker_gauge();
         }
     }
 
-    fn store_refused(&self, e: StoreError) -> Error {
+    fn store_refused(&self, breaker: &Breaker, e: StoreError) -> Error {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         // The store answered: it is up, whatever the answer.
         self.inner.store.on_answer();
-        self.inner.breaker.on_success();
+        breaker.on_success();
         match e {
             StoreError::Server(e) => Error::Server(e),
             other => Error::Protocol(other.to_string()),

@@ -1,13 +1,14 @@
 //! The store: one Redis/Valkey server or a cluster, asked with `RL.CHECKALL`, or with the
 //! equivalent Lua script where the module is not loaded.
 
+use crate::breakers::Breakers;
 use crate::error::StoreError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 /// One limit of a store call.
@@ -191,6 +192,7 @@ impl Store {
         connect_timeout: Duration,
         retry: Duration,
         force_script: bool,
+        breakers: Weak<Breakers>,
     ) -> redis::RedisResult<Self> {
         let client = redis::cluster::ClusterClient::builder(urls)
             .tcp_settings(tcp_settings())
@@ -200,21 +202,20 @@ impl Store {
         let store = Self::new(force_script);
         let slot = Arc::downgrade(&store.conn);
         tokio::spawn(async move {
-            loop {
+            let conn = loop {
                 match client.get_async_connection().await {
-                    Ok(c) => {
-                        if let Some(slot) = slot.upgrade() {
-                            Self::set(&slot, Conn::Cluster(c));
-                        }
-                        return;
-                    }
+                    Ok(c) => break c,
                     Err(e) => tracing::warn!(error = %e, "ratelimit: cluster not reachable yet"),
                 }
                 if slot.strong_count() == 0 {
                     return;
                 }
                 tokio::time::sleep(retry).await;
-            }
+            };
+            let Some(live) = slot.upgrade() else { return };
+            Self::set(&live, Conn::Cluster(conn.clone()));
+            drop(live);
+            refresh_slot_map(conn, breakers, retry).await;
         });
         Ok(store)
     }
@@ -310,4 +311,66 @@ fn is_unknown_command(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
+}
+
+/// Keeps the breakers' slot → node map current: `CLUSTER SLOTS` every `every` (at least
+/// 1 s), each with a 1 s timeout of its own, until the limiter is gone. A failed read keeps
+/// the map it had.
+async fn refresh_slot_map(mut conn: ClusterConnection, breakers: Weak<Breakers>, every: Duration) {
+    let every = every.max(Duration::from_secs(1));
+    loop {
+        let asked = tokio::time::timeout(
+            Duration::from_secs(1),
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut conn),
+        )
+        .await;
+        let Some(breakers) = breakers.upgrade() else {
+            return;
+        };
+        match asked {
+            Ok(Ok(reply)) => match slot_ranges(&reply) {
+                Some(ranges) => breakers.update(&ranges),
+                None => tracing::warn!("ratelimit: CLUSTER SLOTS reply not understood"),
+            },
+            Ok(Err(e)) => tracing::debug!(error = %e, "ratelimit: CLUSTER SLOTS failed"),
+            Err(_) => tracing::debug!("ratelimit: CLUSTER SLOTS timed out"),
+        }
+        drop(breakers);
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// `(first, last, "host:port")` of each range in a `CLUSTER SLOTS` reply (the primary's).
+fn slot_ranges(reply: &Value) -> Option<Vec<(u16, u16, String)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let int = |v: &Value| match v {
+                Value::Int(i) => u16::try_from(*i).ok(),
+                _ => None,
+            };
+            let (first, last) = (int(fields.first()?)?, int(fields.get(1)?)?);
+            let Value::Array(primary) = fields.get(2)? else {
+                return None;
+            };
+            let host = match primary.first()? {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            let port = match primary.get(1)? {
+                Value::Int(p) => *p,
+                _ => return None,
+            };
+            Some((first, last, format!("{host}:{port}")))
+        })
+        .collect()
 }
