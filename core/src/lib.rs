@@ -260,11 +260,17 @@ fn decision(
     changed: bool,
 ) -> Decision {
     let deficit = tat - now;
-    let left = i128::from(limit.refill_ticks()) - i128::from(deficit);
-    let remaining = left.div_euclid(i128::from(limit.interval));
+    let tau = limit.refill_ticks();
+    // floor((τ − deficit) / T) in 64 bits: whole tokens left, or the debt rounded up (a TAT
+    // far past any real debt saturates at i64::MIN).
+    let remaining = if deficit <= tau {
+        ((tau - deficit) / limit.interval) as i64 // at most the burst
+    } else {
+        i64::try_from((deficit - tau).div_ceil(limit.interval)).map_or(i64::MIN, |d| -d)
+    };
     Decision {
         allowed,
-        remaining: i64::try_from(remaining).unwrap_or(i64::MIN),
+        remaining,
         retry_after_ms,
         reset_after_ms: if deficit == 0 {
             0
