@@ -8,18 +8,12 @@
 //! module's exact error, writing nothing.
 
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::Connection;
 use redis_ratelimit_core::{check, settle, stored, Limit, TICKS_PER_SECOND};
 use redis_ratelimit_testkit::*;
-use std::sync::OnceLock;
 
 const SCRIPT: &str = include_str!("../src/checkall.lua");
-
-/// One server with the module for the whole file (each case uses its own keys).
-fn server() -> &'static Server {
-    static S: OnceLock<Server> = OnceLock::new();
-    S.get_or_init(|| Server::start(Flavor::Redis))
-}
 
 /// Arguments as sent: mostly valid, sometimes the edge cases parsers disagree on.
 fn rate() -> impl Strategy<Value = String> {
@@ -152,63 +146,81 @@ enum Reply2 {
     Error(String),
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
-
-    #[test]
-    fn script_matches_the_core(ops in prop::collection::vec(op(), 1..25)) {
-        let s = server();
-        let mut c = s.conn();
-        static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for (i, op) in ops.iter().enumerate() {
-            if op.pause_us > 0 {
-                std::thread::sleep(std::time::Duration::from_micros(op.pause_us));
-            }
-            let key = format!("diff:{case}:s{}", op.key);
-            let before = state(&mut c, &key);
-            let t0 = time_us(&mut c);
-            let got = script(&mut c, &key, op);
-            let t1 = time_us(&mut c);
-            let after = state(&mut c, &key);
-
-            // Validation: the module's own answer on the same arguments (on a scratch key)
-            // says whether they are valid, and with which error.
-            let scratch = format!("diff:{case}:m{i}");
-            let by_module = module(&mut c, &scratch, op);
-            if let Err(want) = &by_module {
-                if !want.contains("debt") {
-                    prop_assert_eq!(&got, &by_module, "{:?}", op);
-                    prop_assert_eq!(&after, &before, "a refused call wrote: {:?}", op);
-                    continue;
-                }
-            }
-            let limit = {
-                let rate: f64 = op.rate.parse().unwrap();
-                Limit::new(rate, op.burst.parse().unwrap()).unwrap()
-            };
-            let amount: i64 = op.amount.parse().unwrap();
-            let tat = match &before {
-                None => 0,
-                Some((at, v)) => stored::decode(*at, v.as_bytes()).unwrap(),
-            };
-            let got = match got {
-                Ok(r) => Reply2::Ok(r, (after != before).then(|| after.clone().unwrap())),
-                Err(e) => Reply2::Error(e),
-            };
-            let per_us = TICKS_PER_SECOND / 1_000_000;
-            let matched = (t0..=t1).any(|us| {
-                let want = core(&limit, op, amount, tat, us * per_us);
-                match (&want, &got) {
-                    (Reply2::Error(w), Reply2::Error(g)) => g.ends_with(w.as_str()),
-                    _ => want == got,
-                }
-            });
-            prop_assert!(
-                matched,
-                "{:?} on {:?} (tat {}): script gave {:?}, core at {} µs gave {:?}",
-                op, before, tat, got, t0, core(&limit, op, amount, tat, t0 * per_us)
-            );
-        }
+/// One server for every case (each case uses its own keys), stopped when the test ends.
+#[test]
+fn script_matches_the_core() {
+    let s = Server::start(Flavor::Redis);
+    // `TestRunner::run` takes a `Fn`: the connection and case counter are shared cells.
+    let c = std::cell::RefCell::new(s.conn());
+    let case = std::cell::Cell::new(0u64);
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 1..25), |ops| {
+        case.set(case.get() + 1);
+        run_case(&mut c.borrow_mut(), case.get(), &ops)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
+}
+
+fn run_case(c: &mut Connection, case: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+    for (i, op) in ops.iter().enumerate() {
+        if op.pause_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(op.pause_us));
+        }
+        let key = format!("diff:{case}:s{}", op.key);
+        let before = state(c, &key);
+        let t0 = time_us(c);
+        let got = script(c, &key, op);
+        let t1 = time_us(c);
+        let after = state(c, &key);
+
+        // Validation: the module's own answer on the same arguments (on a scratch key)
+        // says whether they are valid, and with which error.
+        let scratch = format!("diff:{case}:m{i}");
+        let by_module = module(c, &scratch, op);
+        if let Err(want) = &by_module {
+            if !want.contains("debt") {
+                prop_assert_eq!(&got, &by_module, "{:?}", op);
+                prop_assert_eq!(&after, &before, "a refused call wrote: {:?}", op);
+                continue;
+            }
+        }
+        let limit = {
+            let rate: f64 = op.rate.parse().unwrap();
+            Limit::new(rate, op.burst.parse().unwrap()).unwrap()
+        };
+        let amount: i64 = op.amount.parse().unwrap();
+        let tat = match &before {
+            None => 0,
+            Some((at, v)) => stored::decode(*at, v.as_bytes()).unwrap(),
+        };
+        let got = match got {
+            Ok(r) => Reply2::Ok(r, (after != before).then(|| after.clone().unwrap())),
+            Err(e) => Reply2::Error(e),
+        };
+        let per_us = TICKS_PER_SECOND / 1_000_000;
+        let matched = (t0..=t1).any(|us| {
+            let want = core(&limit, op, amount, tat, us * per_us);
+            match (&want, &got) {
+                (Reply2::Error(w), Reply2::Error(g)) => g.ends_with(w.as_str()),
+                _ => want == got,
+            }
+        });
+        prop_assert!(
+            matched,
+            "{:?} on {:?} (tat {}): script gave {:?}, core at {} µs gave {:?}",
+            op,
+            before,
+            tat,
+            got,
+            t0,
+            core(&limit, op, amount, tat, t0 * per_us)
+        );
+    }
+    Ok(())
 }
