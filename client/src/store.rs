@@ -33,8 +33,10 @@ pub(crate) struct SettleItem<'a> {
 /// One `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 pub(crate) type Reply = [i64; 4];
 
+/// A connection ready for one call: a single server's manager or a cluster connection
+/// (also the region records' connection, `region::record`).
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
