@@ -321,6 +321,24 @@ fn steps() -> impl Strategy<Value = Vec<(u64, u64)>> {
     prop::collection::vec((0u64..3 * TICKS_PER_SECOND, 0u64..6), 1..200)
 }
 
+/// GCRA's guarantee over `(time, tokens admitted)` in time order: over every window
+/// [t1, t2] between two entries, at most burst + rate × (t2 − t1), i.e.
+/// `sum(tokens) × T <= τ + (t2 − t1)`.
+fn within_limit_over_every_window(l: &Limit, admitted: &[(u64, u64)]) -> Result<(), TestCaseError> {
+    for (i, &(t1, _)) in admitted.iter().enumerate() {
+        let mut tokens = 0;
+        for &(t2, cost) in &admitted[i..] {
+            tokens += cost;
+            prop_assert!(
+                tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - t1),
+                "{tokens} tokens in {} ticks",
+                t2 - t1
+            );
+        }
+    }
+    Ok(())
+}
+
 fn limits() -> impl Strategy<Value = Limit> {
     (0.05f64..5_000.0, 1u64..50).prop_map(|(r, b)| limit(r, b))
 }
@@ -341,16 +359,7 @@ proptest! {
                 tat = d.tat;
             }
         }
-        for (i, &(t1, _)) in admitted.iter().enumerate() {
-            let mut tokens = 0;
-            for &(t2, cost) in &admitted[i..] {
-                tokens += cost;
-                prop_assert!(
-                    tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - t1),
-                    "{tokens} tokens in {} ticks", t2 - t1
-                );
-            }
-        }
+        within_limit_over_every_window(&l, &admitted)?;
     }
 
     /// A refused check, and a peek, change nothing.
@@ -482,13 +491,7 @@ proptest! {
                 log.push((now, if d.allowed { cost } else { 0 }));
             }
         }
-        for i in 0..log.len() {
-            let mut tokens = 0;
-            for &(t2, c) in &log[i..] {
-                tokens += c;
-                prop_assert!(tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - log[i].0));
-            }
-        }
+        within_limit_over_every_window(&l, &log)?;
     }
 
     /// From a TAT far ahead, waiting exactly `retry_after_ms` is enough, and not a tick less
@@ -580,16 +583,7 @@ proptest! {
                 admitted.push((now, cost));
             }
         }
-        for (i, &(t1, _)) in admitted.iter().enumerate() {
-            let mut tokens = 0;
-            for &(t2, cost) in &admitted[i..] {
-                tokens += cost;
-                prop_assert!(
-                    tokens * l.interval_ticks() <= l.refill_ticks() + (t2 - t1),
-                    "{tokens} tokens in {} ticks over {parts} holders", t2 - t1
-                );
-            }
-        }
+        within_limit_over_every_window(&l, &admitted)?;
     }
 }
 
