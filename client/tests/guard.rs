@@ -5,47 +5,16 @@ use axum::routing::{get, post};
 use axum::Router;
 use redis_ratelimit_client::guard::{AdaptiveConcurrencyLayer, LocalLimitLayer, LocalLimiter};
 use redis_ratelimit_client::Policy;
+use redis_ratelimit_testkit::{http_request, HttpReply};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
-struct Reply {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
-}
-
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
-async fn request(addr: SocketAddr, method: &str, path: &str) -> Reply {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_string(),
-    }
+/// One request, no extra headers.
+async fn request(addr: SocketAddr, method: &str, path: &str) -> HttpReply {
+    http_request(addr, method, path, &[]).await
 }
 
 /// The guard example's routes: `/report` on a dependency running 4 calls at a time, 20 ms
@@ -86,7 +55,7 @@ async fn load(
     addr: SocketAddr,
     clients: usize,
     for_: Duration,
-) -> (HashMap<u16, usize>, Option<Reply>) {
+) -> (HashMap<u16, usize>, Option<HttpReply>) {
     let deadline = Instant::now() + for_;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {

@@ -12,45 +12,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-struct Reply {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
-}
-
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
-async fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>) -> Reply {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let key = key
-        .map(|k| format!("X-API-Key: {k}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\n{key}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_string(),
-    }
+/// One request, with `X-API-Key` when a key is given.
+async fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>) -> HttpReply {
+    let headers: Vec<(&str, &str)> = key.map(|k| ("X-API-Key", k)).into_iter().collect();
+    http_request(addr, method, path, &headers).await
 }
 
 /// The gateway example's routes, plus a fast route for Retry-After and an anonymous

@@ -4,11 +4,9 @@
 //! module and with the Lua script.
 
 use redis_ratelimit_testkit::*;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Gateway {
     child: Child,
@@ -58,39 +56,21 @@ async fn start_gateway(redis_url: &str) -> Gateway {
     g
 }
 
-struct Reply {
-    status: u16,
-    headers: HashMap<String, String>,
-}
-
-async fn post_llm(addr: SocketAddr, key: &str, estimate: u64, actual: Option<u64>) -> Reply {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let actual = actual
-        .map(|a| format!("X-Actual-Tokens: {a}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "POST /llm HTTP/1.1\r\nHost: test\r\nX-API-Key: {key}\r\nX-Estimated-Tokens: {estimate}\r\n\
-         {actual}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let head = raw.split("\r\n\r\n").next().unwrap_or_default();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad response: {raw}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-        .collect();
-    Reply { status, headers }
+async fn post_llm(addr: SocketAddr, key: &str, estimate: u64, actual: Option<u64>) -> HttpReply {
+    let estimate = estimate.to_string();
+    let actual = actual.map(|a| a.to_string());
+    let mut headers = vec![
+        ("X-API-Key", key),
+        ("X-Estimated-Tokens", estimate.as_str()),
+    ];
+    if let Some(a) = &actual {
+        headers.push(("X-Actual-Tokens", a.as_str()));
+    }
+    http_request(addr, "POST", "/llm", &headers).await
 }
 
 /// `r=` of the `RateLimit` header.
-fn remaining(r: &Reply) -> i64 {
+fn remaining(r: &HttpReply) -> i64 {
     let h = r.headers.get("ratelimit").expect("RateLimit header");
     h.split(';')
         .find_map(|p| p.strip_prefix("r="))

@@ -15,7 +15,9 @@
 #![allow(missing_docs, missing_debug_implementations)]
 
 mod blackhole;
+mod http;
 pub use blackhole::Blackhole;
+pub use http::{http_request, HttpReply};
 
 use redis::{Client, Connection, Value};
 use std::net::TcpListener;
