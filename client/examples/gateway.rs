@@ -43,6 +43,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         limiter = limiter.timeout(std::time::Duration::from_millis(ms));
     }
     let limiter = limiter.build()?;
+    // Connect before serving, so the first requests are limited by the store, not by the
+    // fail modes while the connection is made. A store that is down does not stop the start.
+    if !limiter.ready(std::time::Duration::from_secs(2)).await {
+        eprintln!("gateway: {redis} not answering yet; serving with the fail modes");
+    }
     let api = Policy::builder("api").per_minute(100).burst(20).build()?;
     let login = Policy::builder("login")
         .per_minute(5)

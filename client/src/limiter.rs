@@ -174,6 +174,9 @@ impl LimiterBuilder {
 /// far from `Instant`'s overflow (`Duration::MAX` would panic there).
 const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// How often [`Limiter::ready`] asks again while the store does not answer.
+const READY_RETRY: Duration = Duration::from_millis(20);
+
 /// One policy of a request, planned: its bucket key and cost.
 struct Planned<'a> {
     policy: &'a Policy,
@@ -210,6 +213,25 @@ impl Limiter {
     /// store.
     pub fn breaker_open(&self) -> bool {
         self.inner.breakers.any_open()
+    }
+
+    /// Connects to the store and waits until it answers, for at most `within`: call it at
+    /// startup so the first requests are not answered by the fail modes while the connection
+    /// is being made (making it can take longer than a check's timeout). Returns whether the
+    /// store answered; a limiter whose store is down still works, through its fail modes.
+    pub async fn ready(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(Ok(())) = tokio::time::timeout(left, self.inner.store.ping()).await {
+                self.inner.store.on_answer();
+                return true;
+            }
+            if Instant::now() + READY_RETRY >= deadline {
+                return false;
+            }
+            tokio::time::sleep(READY_RETRY).await;
+        }
     }
 
     /// Entries in the deny cache.

@@ -280,6 +280,16 @@ impl Store {
         check_len(r, items.len())
     }
 
+    /// One `PING`: whether the store answers (made to connect at startup, see
+    /// [`Limiter::ready`](crate::Limiter::ready)).
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection()?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(StoreError::from_redis)
+    }
+
     fn connection(&self) -> Result<Conn, StoreError> {
         self.read().clone().ok_or_else(|| {
             StoreError::Transport(redis::RedisError::from((

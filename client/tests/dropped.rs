@@ -34,6 +34,7 @@ async fn a_silently_dropped_connection_is_replaced() {
             .burst(5)
             .build()
             .unwrap();
+        assert!(l.ready(Duration::from_secs(5)).await, "{flavor:?}");
         let d = l.check_one(&api, "warm-up", 1).await.unwrap();
         assert_eq!(d.source, Source::Store, "{flavor:?}");
         let mut admin = s.conn();

@@ -200,6 +200,7 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
         .burst(100)
         .build()
         .unwrap();
+    assert!(l.ready(Duration::from_secs(5)).await);
     let r = l.reserve("key-5", &[(&p, 10)]).await.unwrap();
     assert_eq!(r.decision().source, Source::Store);
     s.kill();

@@ -105,6 +105,7 @@ async fn await_recovery(l: &Limiter, flavor: Flavor, fault: &str) {
 }
 
 async fn warm_up(l: &Limiter) {
+    assert!(l.ready(Duration::from_secs(5)).await);
     assert_eq!(
         l.check_one(&api(), "warm", 1).await.unwrap().source,
         Source::Store
