@@ -55,7 +55,7 @@
 //!   `ratelimit_live_pods`.
 
 mod breaker;
-mod breakers;
+mod cluster;
 mod decision;
 mod deny_cache;
 mod error;
@@ -66,6 +66,7 @@ pub mod http;
 mod key;
 mod limiter;
 mod local;
+mod node;
 pub mod pods;
 mod policy;
 pub mod region;

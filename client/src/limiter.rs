@@ -1,13 +1,13 @@
 //! The limiter: policies → keys → deny cache → breaker → store (with timeout) → decision,
 //! or the fail mode when the store cannot be asked.
 
-use crate::breaker::{Admission, Breaker};
-use crate::breakers::Breakers;
+use crate::breaker::Admission;
 use crate::deny_cache::DenyCache;
 use crate::error::StoreError;
 use crate::local::LocalBuckets;
+use crate::node::{Node, NodeSettings};
 use crate::reservation::{Held, Reservation};
-use crate::store::{Item, Reply, SettleItem, Store};
+use crate::store::{not_connected, Item, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Share};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -24,8 +24,6 @@ pub struct Limiter {
 #[derive(Debug)]
 struct Inner {
     store: Store,
-    /// One per cluster node, or one for a single server.
-    breakers: Arc<Breakers>,
     deny: DenyCache,
     local: LocalBuckets,
     layout: KeyLayout,
@@ -142,22 +140,21 @@ impl LimiterBuilder {
     /// Builds the limiter. Does not wait for the store: a pod starting while Redis is down
     /// still answers, through its fail modes. Must be called within a Tokio runtime.
     pub fn build(self) -> Result<Limiter, Error> {
-        let breakers = Arc::new(Breakers::new(self.breaker_threshold, self.probe_interval));
+        let settings = NodeSettings {
+            connect_timeout: self.connect_timeout,
+            breaker_threshold: self.breaker_threshold,
+            probe_interval: self.probe_interval,
+        };
         let store = match self.target {
-            Target::Single(url) => Store::single(&url, self.connect_timeout, self.force_script),
-            Target::Cluster(urls) => Store::cluster(
-                urls,
-                self.connect_timeout,
-                self.probe_interval,
-                self.force_script,
-                Arc::downgrade(&breakers),
-            ),
+            Target::Single(url) => Store::single(&url, settings, self.force_script),
+            Target::Cluster(urls) => {
+                Store::cluster(&urls, settings, self.probe_interval, self.force_script)
+            }
         }
         .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store,
-                breakers,
                 deny: DenyCache::new(self.deny_cache_capacity),
                 local: LocalBuckets::new(self.local_capacity),
                 layout: self.layout,
@@ -212,7 +209,7 @@ impl Limiter {
     /// Whether a circuit breaker (of any cluster node) is currently keeping calls from the
     /// store.
     pub fn breaker_open(&self) -> bool {
-        self.inner.breakers.any_open()
+        self.inner.store.any_open()
     }
 
     /// Connects to the store and waits until it answers, for at most `within`: call it at
@@ -224,7 +221,6 @@ impl Limiter {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Ok(Ok(())) = tokio::time::timeout(left, self.inner.store.ping()).await {
-                self.inner.store.on_answer();
                 return true;
             }
             if Instant::now() + READY_RETRY >= deadline {
@@ -329,8 +325,10 @@ impl Limiter {
         let Some(first) = held.first() else {
             return Ok(self.settle_locally(held, deltas));
         };
-        let breaker = inner.breakers.for_key(&first.key);
-        if let Admission::Reject(_) = breaker.admit(now) {
+        let Some(node) = inner.store.route(&first.key) else {
+            return Ok(self.settle_locally(held, deltas));
+        };
+        if let Admission::Reject(_) = node.breaker.admit(now) {
             return Ok(self.settle_locally(held, deltas));
         }
         let items: Vec<SettleItem<'_>> = held
@@ -346,7 +344,7 @@ impl Limiter {
         let asked = tokio::time::timeout(inner.timeout, inner.store.settle(&items)).await;
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered(&breaker);
+                self.store_answered(&node);
                 let outcomes = held
                     .iter()
                     .zip(replies)
@@ -361,10 +359,10 @@ impl Limiter {
                     .unwrap_or_else(unreachable_empty))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&breaker, &e);
+                self.store_failed(&node, &e);
                 Ok(self.settle_locally(held, deltas))
             }
-            Err(e) => Err(self.store_refused(&breaker, e)),
+            Err(e) => Err(self.store_refused(&node, e)),
         }
     }
 
@@ -453,31 +451,35 @@ impl Limiter {
             return Ok(d);
         }
         // The subject's own buckets decide which node it is (sharded ones aside).
-        let breaker = match planned.first() {
-            Some(p) => inner.breakers.for_key(&p.key),
-            None => return Err(Error::Config("a check needs at least one policy".into())),
+        let Some(first) = planned.first() else {
+            return Err(Error::Config("a check needs at least one policy".into()));
         };
-        if let Admission::Reject(probe_at) = breaker.admit(now) {
+        let Some(node) = inner.store.route(&first.key) else {
+            // A cluster whose topology is not known yet.
+            metrics::counter!("ratelimit_store_errors_total", "kind" => "transport").increment(1);
+            return Ok(self.fallback(planned, inner.probe_interval));
+        };
+        if let Admission::Reject(probe_at) = node.breaker.admit(now) {
             return Ok(self.fallback(planned, probe_at.saturating_duration_since(now)));
         }
-        let asked = tokio::time::timeout(inner.timeout, self.ask_store(planned)).await;
+        let asked = tokio::time::timeout(inner.timeout, self.ask_store(&node, planned)).await;
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered(&breaker);
+                self.store_answered(&node);
                 // Retry-After counts from the reply, not from before the round trip.
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&breaker, &e);
+                self.store_failed(&node, &e);
                 Ok(self.fallback(planned, inner.probe_interval))
             }
-            Err(e) => Err(self.store_refused(&breaker, e)),
+            Err(e) => Err(self.store_refused(&node, e)),
         }
     }
 
-    fn store_answered(&self, breaker: &Breaker) {
-        self.inner.store.on_answer();
-        if breaker.on_success() {
+    fn store_answered(&self, node: &Node) {
+        node.on_answer();
+        if node.breaker.on_success() {
             tracing::info!("ratelimit: store reachable again, breaker closed");
             self.breaker_gauge();
         }
@@ -485,7 +487,7 @@ impl Limiter {
 
     /// 1 while any breaker is open.
     fn breaker_gauge(&self) {
-        let open = if self.inner.breakers.any_open() {
+        let open = if self.inner.store.any_open() {
             1.0
         } else {
             0.0
@@ -493,20 +495,21 @@ impl Limiter {
         metrics::gauge!("ratelimit_breaker_open").set(open);
     }
 
-    fn store_failed(&self, breaker: &Breaker, e: &StoreError) {
+    fn store_failed(&self, node: &Node, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
-        self.inner.store.on_failure(e);
-        if breaker.on_failure(Instant::now()) {
+        let opened = node.breaker.on_failure(Instant::now());
+        self.inner.store.on_failure(node, e, opened);
+        if opened {
             tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
             self.breaker_gauge();
         }
     }
 
-    fn store_refused(&self, breaker: &Breaker, e: StoreError) -> Error {
+    fn store_refused(&self, node: &Node, e: StoreError) -> Error {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         // The store answered: it is up, whatever the answer.
-        self.inner.store.on_answer();
-        breaker.on_success();
+        node.on_answer();
+        node.breaker.on_success();
         match e {
             StoreError::Server(e) => Error::Server(e),
             other => Error::Protocol(other.to_string()),
@@ -562,7 +565,11 @@ impl Limiter {
 
     /// One `RL.CHECKALL` for the subject's own buckets, then one per sharded policy (a
     /// peek when the first was refused, so nothing is taken from them).
-    async fn ask_store(&self, planned: &[Planned<'_>]) -> Result<Vec<Reply>, StoreError> {
+    async fn ask_store(
+        &self,
+        node: &Node,
+        planned: &[Planned<'_>],
+    ) -> Result<Vec<Reply>, StoreError> {
         fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
             Item {
                 key: &p.key,
@@ -579,7 +586,7 @@ impl Limiter {
         let mut main_replies = if main.is_empty() {
             Vec::new()
         } else {
-            self.inner.store.check_all(&main).await?
+            self.inner.store.check_all(node, &main).await?
         }
         .into_iter();
         let mut passed = main_replies.as_slice().iter().all(|r| r[0] == 1);
@@ -592,7 +599,13 @@ impl Limiter {
                 replies.push(r);
             } else {
                 let cost = if passed { p.cost } else { 0 };
-                let r = self.inner.store.check_all(&[item(p, cost)]).await?;
+                // A sub-bucket lives on its own slot, maybe another node.
+                let shard_node = self.inner.store.route(&p.key).ok_or_else(not_connected)?;
+                let r = self
+                    .inner
+                    .store
+                    .check_all(&shard_node, &[item(p, cost)])
+                    .await?;
                 let r = r
                     .into_iter()
                     .next()

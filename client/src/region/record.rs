@@ -16,11 +16,10 @@
 //! cannot be reached only stops its peers from growing (the safe direction).
 
 use super::RegionTarget;
-// A connection ready for one call: the store's own.
-use crate::store::Conn as Live;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +33,43 @@ enum Conn {
         Arc<ClusterClient>,
         Arc<tokio::sync::OnceCell<ClusterConnection>>,
     ),
+}
+
+/// A connection ready for one call. Records are read and written once per sync round,
+/// off the request path: redis-rs' cluster connection serves them (the checks' own
+/// per-node routing, `crate::cluster`, is about not waiting on a lost node per request).
+#[derive(Clone)]
+enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Live {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Live::Single(c) => c.req_packed_command(cmd),
+            Live::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Live::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Live::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Live::Single(c) => c.get_db(),
+            Live::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 impl Conn {

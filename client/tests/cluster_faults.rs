@@ -1,0 +1,236 @@
+//! A cluster under faults: one primary silently unreachable (its client port blackholed,
+//! the cluster bus untouched, so no failover hides it), and a slot moved behind the
+//! limiter's back.
+
+use redis_ratelimit_client::{slot, KeyLayout, Limiter, Policy, Source};
+use redis_ratelimit_testkit::*;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_millis(20);
+/// Scheduling noise on a loaded 2-core machine; the failure this guards against (checks
+/// waiting on the lost node's recovery) is seconds.
+const MARGIN: Duration = Duration::from_millis(100);
+const PROBE: Duration = Duration::from_millis(500);
+/// Stated bound: the lost node's subjects are back at the store within this after the fault.
+const RECOVERY: Duration = Duration::from_secs(3);
+
+fn key_of(subject: &str, policy: &str) -> String {
+    let layout = KeyLayout::default();
+    layout.key(&layout.subject_tag(subject.as_bytes()), policy)
+}
+
+/// The node (index into `start_cluster`'s list) serving `slot`.
+fn owner(slot: u16) -> usize {
+    match slot {
+        0..=5460 => 0,
+        5461..=10922 => 1,
+        _ => 2,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
+    if !Blackhole::usable() {
+        return;
+    }
+    for flavor in Flavor::ALL {
+        let nodes = start_cluster(flavor);
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(TIMEOUT)
+            .connect_timeout(Duration::from_millis(200))
+            .breaker_threshold(3)
+            .probe_interval(PROBE)
+            .pods(4)
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+        let api = Policy::builder("api")
+            .per_second(1000)
+            .burst(1000)
+            .build()
+            .unwrap();
+        let login = Policy::builder("login")
+            .per_minute(5)
+            .burst(5)
+            .fail_closed()
+            .build()
+            .unwrap();
+        let tight = Policy::builder("tight")
+            .per_hour(1)
+            .burst(8)
+            .build()
+            .unwrap();
+        let subjects: Vec<String> = (0..300).map(|i| format!("s{i}")).collect();
+        let lost = 2;
+        let on_lost = |s: &str| owner(slot(key_of(s, "api").as_bytes())) == lost;
+        let healthy: Vec<&String> = subjects.iter().filter(|s| !on_lost(s)).collect();
+        let stranded: Vec<&String> = subjects.iter().filter(|s| on_lost(s)).collect();
+        assert!(!healthy.is_empty() && !stranded.is_empty(), "{flavor:?}");
+
+        let hole = Blackhole::ports(&[nodes[lost].port]);
+        // The fault is real: the lost node does not answer a fresh connection.
+        let probe = redis::Client::open(nodes[lost].url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_millis(300));
+        assert!(probe.is_err(), "{flavor:?}: the node still answers");
+
+        let started = Instant::now();
+        let (mut healthy_store, mut healthy_total, mut slowest) = (0usize, 0usize, Duration::ZERO);
+        let mut stranded_store = 0usize;
+        while started.elapsed() < Duration::from_secs(4) {
+            for s in &subjects {
+                let t = Instant::now();
+                let d = l.check_one(&api, s, 1).await.unwrap();
+                slowest = slowest.max(t.elapsed());
+                assert!(
+                    d.is_allowed(),
+                    "{flavor:?}: fail-open api refused {s}: {d:?}"
+                );
+                if on_lost(s) {
+                    stranded_store += usize::from(d.source == Source::Store);
+                } else {
+                    healthy_total += 1;
+                    healthy_store += usize::from(d.source == Source::Store);
+                }
+            }
+        }
+        assert!(
+            slowest < TIMEOUT + MARGIN,
+            "{flavor:?}: a check took {slowest:?}"
+        );
+        let share = healthy_store as f64 / healthy_total as f64;
+        eprintln!(
+            "{flavor:?}: healthy subjects {}/300, their checks answered by the store: {:.2}% of {healthy_total}; slowest {slowest:?}",
+            healthy.len(),
+            100.0 * share
+        );
+        assert!(share > 0.99, "{flavor:?}: healthy store share {share}");
+        assert_eq!(stranded_store, 0, "{flavor:?}: the lost node answered?");
+
+        // On the lost node: fail-closed refuses, fail-open keeps limiting (4 pods: 2 of 8).
+        let s = stranded[0];
+        let d = l.check_one(&login, s, 1).await.unwrap();
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (Source::FailClosed, false),
+            "{flavor:?}"
+        );
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let d = l.check_one(&tight, s, 1).await.unwrap();
+            assert_eq!(d.source, Source::LocalFallback, "{flavor:?}");
+            admitted += usize::from(d.is_allowed());
+        }
+        assert_eq!(admitted, 2, "{flavor:?}: the pod's share of 8 over 4 pods");
+        // Healthy subjects still reach the store for every policy.
+        let d = l.check_one(&login, healthy[0], 1).await.unwrap();
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (Source::Store, true),
+            "{flavor:?}"
+        );
+
+        drop(hole);
+        let back = Instant::now();
+        loop {
+            let d = l.check_one(&api, stranded[0], 1).await.unwrap();
+            if d.source == Source::Store {
+                break;
+            }
+            assert!(back.elapsed() < RECOVERY, "{flavor:?}: no recovery");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "{flavor:?}: the lost node's subjects back at the store {:?} after the fault",
+            back.elapsed()
+        );
+    }
+}
+
+/// A slot moved to another node after the limiter read the topology: the old owner's
+/// `MOVED` is followed in the same check, and the slot is known to be moved from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_followed_at_once() {
+    for flavor in Flavor::ALL {
+        let nodes = start_cluster(flavor);
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(Duration::from_millis(500))
+            // No periodic topology read during the test: only the MOVED reply tells.
+            .probe_interval(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+        let api = Policy::builder("api")
+            .per_hour(10)
+            .burst(10)
+            .build()
+            .unwrap();
+        let key = key_of("mover", "api");
+        let key_slot = slot(key.as_bytes());
+        let from = owner(key_slot);
+        let to = (from + 1) % 3;
+        let id = |n: usize| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut nodes[n].conn())
+                .unwrap()
+        };
+        let to_id = id(to);
+        for n in [to, from, (from + 2) % 3] {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(key_slot)
+                .arg("NODE")
+                .arg(&to_id)
+                .query(&mut nodes[n].conn())
+                .unwrap();
+        }
+        // The fault is real: the old owner now answers MOVED for the key.
+        let e = redis::cmd("RL.CHECK")
+            .arg(&key)
+            .arg(1)
+            .arg(1)
+            .arg(0)
+            .query::<redis::Value>(&mut nodes[from].conn())
+            .unwrap_err();
+        assert_eq!(e.code(), Some("MOVED"), "{flavor:?}: {e}");
+
+        for i in 0..3 {
+            let d = l.check_one(&api, "mover", 1).await.unwrap();
+            assert_eq!(
+                (d.source, d.is_allowed()),
+                (Source::Store, true),
+                "{flavor:?} #{i}"
+            );
+            assert_eq!(
+                d.remaining,
+                9 - i,
+                "{flavor:?}: one bucket, on the new owner"
+            );
+        }
+        assert!(exists(&mut nodes[to].conn(), &key), "{flavor:?}");
+        // Followed once, then routed there directly: the old owner turned one call away.
+        assert_eq!(
+            (
+                command_calls(&mut nodes[from].conn(), "rl.checkall"),
+                rejected_calls(&nodes[from], "rl.checkall")
+            ),
+            (0, 1),
+            "{flavor:?}"
+        );
+    }
+}
+
+/// `rejected_calls=` of a command in `INFO commandstats` (redirections count there).
+fn rejected_calls(node: &Server, command: &str) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node.conn())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
