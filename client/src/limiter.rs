@@ -292,6 +292,17 @@ impl Limiter {
         subject: &str,
         policies: &[(&Policy, u64)],
     ) -> Result<Reservation, Error> {
+        self.reserve_counted(subject, policies, &[]).await
+    }
+
+    /// [`reserve`](Self::reserve), where `demand[i]` (if any) counts policy `i`'s offered
+    /// cost and is corrected when it is settled (a region's demand).
+    pub(crate) async fn reserve_counted(
+        &self,
+        subject: &str,
+        policies: &[(&Policy, u64)],
+        demand: &[Arc<AtomicU64>],
+    ) -> Result<Reservation, Error> {
         let started = Instant::now();
         let planned = self.plan(subject, policies)?;
         let d = self.decide(&planned).await;
@@ -300,11 +311,13 @@ impl Limiter {
         let held = if d.is_allowed() {
             planned
                 .into_iter()
-                .map(|p| Held {
+                .enumerate()
+                .map(|(i, p)| Held {
                     policy: p.policy.clone(),
                     key: p.key,
                     whole_key: p.whole_key,
                     estimate: p.cost,
+                    demand: demand.get(i).cloned(),
                 })
                 .collect()
         } else {

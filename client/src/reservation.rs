@@ -1,6 +1,8 @@
 //! Reserve an estimate, settle the real cost after the work: [`Limiter::reserve`].
 
 use crate::{Decision, Error, Limiter, Policy};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// One policy of an allowed reservation: where its tokens were taken, and how many.
 #[derive(Debug)]
@@ -10,6 +12,24 @@ pub(crate) struct Held {
     /// For a sharded policy, the unsharded key (the local fallback's bucket).
     pub(crate) whole_key: Option<String>,
     pub(crate) estimate: u64,
+    /// Where the policy's offered cost is counted (a region's demand, see
+    /// [`crate::region`]): a settlement corrects it by the difference to the estimate.
+    pub(crate) demand: Option<Arc<AtomicU64>>,
+}
+
+impl Held {
+    /// Corrects the counted demand by `delta` (the actual cost minus the estimate).
+    fn count(&self, delta: i64) {
+        let Some(demand) = &self.demand else { return };
+        if delta >= 0 {
+            demand.fetch_add(delta.unsigned_abs(), Relaxed);
+        } else {
+            // What was counted may have been taken by a sync round already: never below 0.
+            let _ = demand.fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_sub(delta.unsigned_abs()))
+            });
+        }
+    }
 }
 
 /// Tokens reserved by [`Limiter::reserve`], to be settled with the real cost.
@@ -79,6 +99,9 @@ impl Reservation {
             .zip(actual)
             .map(|(h, &a)| signed(a).saturating_sub(signed(h.estimate)))
             .collect();
+        for (h, &delta) in held.iter().zip(&deltas) {
+            h.count(delta);
+        }
         self.limiter.settle_held(&held, &deltas).await
     }
 }
@@ -97,6 +120,9 @@ impl Drop for Reservation {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
+                for (h, &delta) in held.iter().zip(&deltas) {
+                    h.count(delta);
+                }
                 if let Err(e) = limiter.settle_held(&held, &deltas).await {
                     tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");
                 }

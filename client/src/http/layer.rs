@@ -1,8 +1,9 @@
 //! The layer and its configuration (cheap to clone: one `Arc`).
 
+use super::backend::Backend;
 use super::headers::HeaderStyle;
 use super::service::RateLimitService;
-use crate::{Limiter, Policy};
+use crate::Policy;
 use http::{Extensions, HeaderMap, HeaderName, Method};
 use std::fmt;
 use std::sync::Arc;
@@ -150,7 +151,7 @@ impl fmt::Debug for MissingSubject {
 }
 
 pub(crate) struct Config {
-    pub(crate) limiter: Limiter,
+    pub(crate) limiter: Backend,
     pub(crate) routes: Vec<Route>,
     pub(crate) subject: SubjectFn,
     pub(crate) subject_header: String,
@@ -181,11 +182,13 @@ impl fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// Starts a layer on `limiter`. By default the subject is the `X-API-Key` header,
-    /// requests without one get `401`, and headers follow the current draft.
-    pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
+    /// Starts a layer on `limiter`: a [`Limiter`](crate::Limiter), or a
+    /// [`RegionalLimiter`](crate::region::RegionalLimiter) (checks and reservations at the
+    /// region's share). By default the subject is the `X-API-Key` header, requests without
+    /// one get `401`, and headers follow the current draft.
+    pub fn builder(limiter: impl Into<Backend>) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
-            limiter,
+            limiter: limiter.into(),
             routes: Vec::new(),
             subject: None,
             subject_header: "X-API-Key".into(),
@@ -206,7 +209,7 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
 /// Configures a [`RateLimitLayer`].
 #[must_use]
 pub struct RateLimitLayerBuilder {
-    limiter: Limiter,
+    limiter: Backend,
     routes: Vec<Route>,
     subject: Option<SubjectFn>,
     subject_header: String,

@@ -20,12 +20,14 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
+mod backend;
 pub(crate) mod headers;
 mod layer;
 pub(crate) mod problem;
 mod retry;
 mod service;
 
+pub use backend::Backend;
 pub use headers::HeaderStyle;
 pub use layer::{
     MissingSubject, RateLimitLayer, RateLimitLayerBuilder, RequestCostFn, ResponseCostFn, Route,

@@ -6,7 +6,7 @@ use super::share::WHOLE;
 use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
-use crate::{Decision, Error, Limiter, LimiterBuilder, Policy};
+use crate::{Decision, Error, Limiter, LimiterBuilder, Policy, Reservation};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
@@ -54,7 +54,7 @@ pub(crate) struct Slot {
     /// The global policy.
     pub(crate) base: Policy,
     /// Offered cost since the sync task last took it (this region's demand).
-    pub(crate) offered: AtomicU64,
+    pub(crate) offered: Arc<AtomicU64>,
     pub(crate) applied: Mutex<Applied>,
 }
 
@@ -74,7 +74,7 @@ impl Slot {
         let applied = Applied::at(base, floor, floor, now)?;
         Ok(Self {
             base: base.clone(),
-            offered: AtomicU64::new(0),
+            offered: Arc::default(),
             applied: Mutex::new(applied),
         })
     }
@@ -98,6 +98,18 @@ impl Applied {
             capped: base.scaled(fraction(ppm.min(floor)))?,
             valid_until,
         })
+    }
+}
+
+/// A request's policies at the region's share, and where each one's demand is counted.
+struct Scaled {
+    policies: Vec<(Policy, u64)>,
+    demand: Vec<Arc<AtomicU64>>,
+}
+
+impl Scaled {
+    fn refs(&self) -> Vec<(&Policy, u64)> {
+        self.policies.iter().map(|(p, c)| (p, *c)).collect()
     }
 }
 
@@ -288,8 +300,33 @@ impl RegionalLimiter {
         subject: &str,
         policies: &[(&Policy, u64)],
     ) -> Result<Decision, Error> {
+        let scaled = self.scaled(policies)?;
+        let refs = scaled.refs();
+        self.shared.limiter.check(subject, &refs).await
+    }
+
+    /// Reserves estimates at this region's share, as [`Limiter::reserve`] does; the
+    /// settlement charges the same (regional) buckets, and corrects the region's counted
+    /// demand by the difference to the estimate, so shares follow the real cost.
+    pub async fn reserve(
+        &self,
+        subject: &str,
+        policies: &[(&Policy, u64)],
+    ) -> Result<Reservation, Error> {
+        let scaled = self.scaled(policies)?;
+        let refs = scaled.refs();
+        self.shared
+            .limiter
+            .reserve_counted(subject, &refs, &scaled.demand)
+            .await
+    }
+
+    /// Each policy at this region's share (the floor once the share's lease ran out), its
+    /// cost counted as the region's demand; and the demand counters.
+    fn scaled(&self, policies: &[(&Policy, u64)]) -> Result<Scaled, Error> {
         let now = Instant::now();
         let mut scaled = Vec::with_capacity(policies.len());
+        let mut demand = Vec::with_capacity(policies.len());
         for &(policy, cost) in policies {
             let slot = self.slot(policy)?;
             slot.offered.fetch_add(cost, Relaxed);
@@ -300,9 +337,12 @@ impl RegionalLimiter {
                 applied.capped.clone()
             };
             scaled.push((p, cost));
+            demand.push(Arc::clone(&slot.offered));
         }
-        let refs: Vec<(&Policy, u64)> = scaled.iter().map(|(p, c)| (p, *c)).collect();
-        self.shared.limiter.check(subject, &refs).await
+        Ok(Scaled {
+            policies: scaled,
+            demand,
+        })
     }
 
     fn slot(&self, policy: &Policy) -> Result<Arc<Slot>, Error> {
