@@ -42,13 +42,26 @@ pub const WHOLE: u32 = 1_000_000;
 pub struct Share {
     /// What this region's pods may use from now on.
     share: u32,
-    /// A higher share that pods which read it before a shrink may still be using.
-    held: u32,
-    /// Until when `held` counts: `None` while the shrink has not been written yet (it counts
-    /// for ever until then).
-    held_until: Option<Instant>,
+    /// Higher shares that pods which read them before a shrink may still be using, each
+    /// until its own hold ends (a region shrinking step by step claims the highest share
+    /// still held, not the first one for as long as it keeps shrinking). At most a hold's
+    /// worth of rounds long: expired ones are dropped.
+    holds: Vec<Hold>,
     /// Where demand says the share should be.
     target: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Hold {
+    share: u32,
+    /// `None` while the shrink has not been written yet (it counts for ever until then).
+    until: Option<Instant>,
+}
+
+impl Hold {
+    fn counts(&self, now: Instant) -> bool {
+        self.until.is_none_or(|until| now < until)
+    }
 }
 
 impl Share {
@@ -56,8 +69,7 @@ impl Share {
     pub fn new(share: u32) -> Self {
         Self {
             share,
-            held: 0,
-            held_until: None,
+            holds: Vec::new(),
             target: share,
         }
     }
@@ -67,8 +79,10 @@ impl Share {
     pub fn restore(share: u32, claim: u32, now: Instant, hold: Duration) -> Self {
         Self {
             share,
-            held: claim.max(share),
-            held_until: Some(now + hold),
+            holds: vec![Hold {
+                share: claim.max(share),
+                until: Some(now + hold),
+            }],
             target: share,
         }
     }
@@ -85,10 +99,11 @@ impl Share {
 
     /// The claim to publish when not growing: the most any pod of the region may use now.
     pub fn claim(&self, now: Instant) -> u32 {
-        match self.held_until {
-            Some(until) if now >= until => self.share,
-            _ => self.share.max(self.held),
-        }
+        self.holds
+            .iter()
+            .filter(|h| h.counts(now))
+            .map(|h| h.share)
+            .fold(self.share, u32::max)
     }
 
     /// A new target from demand. A lower one is applied at once (rule 1: the claim keeps
@@ -96,8 +111,11 @@ impl Share {
     pub fn retarget(&mut self, target: u32, now: Instant) {
         self.target = target;
         if target < self.share {
-            self.held = self.claim(now);
-            self.held_until = None;
+            self.holds.retain(|h| h.counts(now));
+            self.holds.push(Hold {
+                share: self.share,
+                until: None,
+            });
             self.share = target;
         }
     }
@@ -106,8 +124,8 @@ impl Share {
     /// now on see it, and those that read the old one stop using it within their lease,
     /// which `hold` must exceed.
     pub fn written(&mut self, at: Instant, hold: Duration) {
-        if self.held_until.is_none() {
-            self.held_until = Some(at + hold);
+        for h in self.holds.iter_mut().filter(|h| h.until.is_none()) {
+            h.until = Some(at + hold);
         }
     }
 

@@ -1,8 +1,9 @@
 //! The rebalancing task: every tick (a quarter of the rebalance period) each pod adds its
 //! offered demand to its region's counters and reads its region's record; the region's
 //! leader (one pod per region, by a lease in the region's store) also runs the protocol of
-//! [`super::share`]: recompute targets once per period, publish the intent, read the peers,
-//! grow if there is room, publish the claims. Other pods follow the record's shares.
+//! [`super::share`]: measure the region's demand and recompute targets (smoothed so that a
+//! period's worth of rounds weighs the smoothing weight), publish the intent, read the
+//! peers, grow if there is room, publish the claims. Other pods follow the record's shares.
 //!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
 //! [`Settings::lease`] after the start of its last successful round trip to its own store,
@@ -83,7 +84,6 @@ struct Meter {
 struct Leading {
     shares: HashMap<Arc<str>, Share>,
     meters: HashMap<Arc<str>, Meter>,
-    retargeted_at: Option<Instant>,
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
@@ -176,7 +176,6 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         Leading {
             shares: HashMap::new(),
             meters: HashMap::new(),
-            retargeted_at: None,
             peers: vec![None; sh.regions],
             renewed_at: started,
         }
@@ -219,44 +218,40 @@ async fn lead(
     let s = &sh.settings;
     let me = sh.region;
     let now = Instant::now();
-    // Demand, and once per period new targets (a shrink applies at once).
-    let due = l
-        .retargeted_at
-        .is_none_or(|at| now.duration_since(at) >= s.period);
+    // Demand every round: the rate since the last one, smoothed so that a period's worth
+    // of rounds weighs `smoothing` (the weight the builder sets per period). Then new
+    // targets at once (a shrink applies at once; growth goes through the protocol): a
+    // change of demand is acted on within a round or two, not at the next period.
     for (name, _) in slots {
         let meter = l.meters.entry(name.clone()).or_default();
         let total = offered.get(&**name).copied().unwrap_or(0);
-        if !due && meter.last.is_some() {
-            continue;
-        }
         if let Some((before, at)) = meter.last {
             let secs = now.duration_since(at).as_secs_f64().max(1e-3);
             let rate = total.saturating_sub(before) as f64 / secs;
-            meter.smoothed = Some(smooth(meter.smoothed, rate, s.smoothing));
+            let periods = (secs / s.period.as_secs_f64()).min(1.0);
+            let weight = 1.0 - (1.0 - s.smoothing).powf(periods);
+            meter.smoothed = Some(smooth(meter.smoothed, rate, weight));
         }
         meter.last = Some((total, now));
     }
-    if due {
-        l.retargeted_at = Some(now);
-        sh.rebalances.fetch_add(1, Relaxed);
-        for (name, _) in slots {
-            let demands: Vec<f64> = (0..sh.regions)
-                .map(|q| {
-                    if q == me {
-                        l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0)
-                    } else {
-                        l.peers[q]
-                            .as_ref()
-                            .and_then(|(rec, _)| rec.figures(name).demand)
-                            .unwrap_or(0.0)
-                    }
-                })
-                .collect();
-            let target = targets(&demands, s.floor)[me];
-            if let Some(share) = l.shares.get_mut(name) {
-                let keep = target < share.share() && share.share() - target < DEADBAND;
-                share.retarget(if keep { share.share() } else { target }, now);
-            }
+    sh.rebalances.fetch_add(1, Relaxed);
+    for (name, _) in slots {
+        let demands: Vec<f64> = (0..sh.regions)
+            .map(|q| {
+                if q == me {
+                    l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0)
+                } else {
+                    l.peers[q]
+                        .as_ref()
+                        .and_then(|(rec, _)| rec.figures(name).demand)
+                        .unwrap_or(0.0)
+                }
+            })
+            .collect();
+        let target = targets(&demands, s.floor)[me];
+        if let Some(share) = l.shares.get_mut(name) {
+            let keep = target < share.share() && share.share() - target < DEADBAND;
+            share.retarget(if keep { share.share() } else { target }, now);
         }
     }
     // Phase 1: the intents (and any shrink) published before the peers are read.

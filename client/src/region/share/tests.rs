@@ -42,6 +42,31 @@ fn shrink_is_immediate_but_the_claim_holds_until_written_plus_hold() {
 }
 
 #[test]
+fn step_by_step_shrinks_release_each_step_after_its_own_hold() {
+    let t0 = Instant::now();
+    let step = HOLD / 3;
+    let mut s = Share::new(600_000);
+    s.retarget(500_000, t0);
+    s.written(t0, HOLD);
+    s.retarget(400_000, t0 + step);
+    s.written(t0 + step, HOLD);
+    assert_eq!(s.claim(t0 + step), 600_000);
+    assert_eq!(
+        s.claim(t0 + HOLD),
+        500_000,
+        "the first step's hold is over, the second's is not"
+    );
+    assert_eq!(s.claim(t0 + step + HOLD), 400_000);
+    // Expired holds are dropped as it keeps shrinking: the list stays short.
+    for i in 0..100u32 {
+        let at = t0 + step * (i + 2);
+        s.retarget(400_000 - 1_000 * (i + 1), at);
+        s.written(at, HOLD);
+    }
+    assert!(s.claim(t0 + step * 200) <= 300_000);
+}
+
+#[test]
 fn growth_needs_every_peer_read_and_room() {
     let mut s = Share::new(FLOOR);
     s.retarget(800_000, Instant::now());
