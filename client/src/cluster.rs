@@ -7,8 +7,8 @@
 //! requests queue behind it. With one of three primaries blackholed, the subjects on the
 //! two healthy nodes went from 100% answered by the store to 1.3% once the first recovery
 //! started (about 3 s in). Here a call only ever waits on its own node, and topology reads
-//! happen off the request path, each with its own timeout. Routing is redis-rs' own
-//! [`crate::slot`] (CRC16 of the hash tag); failover and resharding are the cluster's.
+//! happen off the request path, each with its own timeout. Routing is [`crate::slot`] (CRC16
+//! of the hash tag, as the cluster computes it); failover and resharding are the cluster's.
 
 use crate::node::{Node, NodeSettings};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
@@ -55,7 +55,8 @@ pub(crate) type Range = (u16, u16, String);
 
 impl Cluster {
     /// A cluster reached through any of `urls`. Reads the topology in the background, at
-    /// once and then every `every` (at least 1 s), until the last handle is dropped.
+    /// once and then every `every` (at least 1 s; sooner when asked, and with a backoff from
+    /// 200 ms while no node answers), until the last handle is dropped.
     pub(crate) fn start(
         urls: &[String],
         settings: NodeSettings,
@@ -74,7 +75,7 @@ impl Cluster {
         };
         let seeds = infos
             .into_iter()
-            .map(|info| Node::new(addr_of(&info), info, settings).map(Arc::new))
+            .map(|info| Node::new(info, settings).map(Arc::new))
             .collect::<Result<_, _>>()?;
         let cluster = Arc::new(Self {
             map: RwLock::new(None),
@@ -118,22 +119,37 @@ impl Cluster {
         self.refresh.notify_one();
     }
 
-    /// A `MOVED <slot> <host:port>` reply: the slot is served there from now on (a full
-    /// read follows, for the rest of what moved). Returns the node to ask again.
-    pub(crate) fn moved(&self, slot: u16, addr: &str) -> Option<Arc<Node>> {
+    /// A `MOVED <slot> <host:port>` reply from `from`: the slot is served there from now
+    /// on (a full read follows, for the rest of what moved). An empty host is `from`'s (a
+    /// cluster announcing no endpoint). Returns the node to ask again.
+    pub(crate) fn moved(&self, slot: u16, addr: &str, from: &Node) -> Option<Arc<Node>> {
         self.refresh_soon();
-        let node = self.node_at(addr)?;
+        let addr = match addr.strip_prefix(':') {
+            Some(port) => {
+                let host = from.addr().rsplit_once(':').map_or("", |(h, _)| h);
+                format!("{host}:{port}")
+            }
+            None => addr.to_owned(),
+        };
+        // Looked up and added under one write lock: concurrent redirections to a new node
+        // make one node, not one each.
         let mut guard = self.map.write().unwrap_or_else(|p| p.into_inner());
         let map = guard.as_mut()?;
-        let i = match map.nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
+        let i = match map.nodes.iter().position(|n| n.addr() == addr) {
             Some(i) => i,
             None => {
-                map.nodes.push(Arc::clone(&node));
+                let node = self
+                    .seeds
+                    .iter()
+                    .find(|n| n.addr() == addr)
+                    .cloned()
+                    .or_else(|| self.make(&addr))?;
+                map.nodes.push(node);
                 map.nodes.len() - 1
             }
         };
         *map.owner.get_mut(usize::from(slot))? = u16::try_from(i).ok()?;
-        Some(node)
+        map.nodes.get(i).cloned()
     }
 
     /// Installs the slot ranges of a `CLUSTER SLOTS` reply, keeping the nodes (connection
@@ -167,9 +183,11 @@ impl Cluster {
             .as_ref()
             .and_then(|m| m.nodes.iter().find(|n| n.addr() == addr).cloned())
             .or_else(|| self.seeds.iter().find(|n| n.addr() == addr).cloned());
-        if known.is_some() {
-            return known;
-        }
+        known.or_else(|| self.make(addr))
+    }
+
+    /// A new node at `host:port`, with the first seed's credentials and TLS.
+    fn make(&self, addr: &str) -> Option<Arc<Node>> {
         let (host, port) = addr.rsplit_once(':')?;
         let port = port.parse().ok()?;
         let at = match self.template.addr() {
@@ -186,7 +204,7 @@ impl Cluster {
             _ => ConnectionAddr::Tcp(host.to_owned(), port),
         };
         let info = self.template.clone().set_addr(at);
-        match Node::new(addr.to_owned(), info, self.settings) {
+        match Node::new(info, self.settings) {
             Ok(node) => Some(Arc::new(node)),
             Err(e) => {
                 tracing::warn!(node = addr, error = %e, "ratelimit: cannot make a connection");
@@ -236,6 +254,9 @@ impl Cluster {
 /// [`MIN_REFRESH_GAP`]), until the cluster is dropped.
 async fn refresh_loop(cluster: Weak<Cluster>, asked: Arc<Notify>, every: Duration) {
     let mut known = false;
+    // While no node answers: ask again soon, then less and less often, up to `every`.
+    let mut backoff = MIN_REFRESH_GAP;
+    let mut failing = false;
     loop {
         // Holds no strong handle while it waits, so dropping the limiter ends the task.
         let Some(live) = cluster.upgrade() else {
@@ -244,23 +265,31 @@ async fn refresh_loop(cluster: Weak<Cluster>, asked: Arc<Notify>, every: Duratio
         match live.read_slots().await {
             Some(ranges) => {
                 live.install(&ranges);
-                known = true;
+                if failing {
+                    tracing::info!("ratelimit: cluster topology read again");
+                }
+                (known, failing, backoff) = (true, false, MIN_REFRESH_GAP);
             }
-            None if !known => tracing::warn!("ratelimit: cluster not reachable yet"),
-            None => tracing::warn!("ratelimit: no node answered CLUSTER SLOTS; keeping the map"),
+            None => {
+                // Once per outage, not once per attempt.
+                if !failing && !known {
+                    tracing::warn!("ratelimit: cluster not reachable yet");
+                } else if !failing {
+                    tracing::warn!("ratelimit: no node answered CLUSTER SLOTS; keeping the map");
+                }
+                failing = true;
+            }
         }
         drop(live);
         tokio::time::sleep(MIN_REFRESH_GAP).await;
-        if known {
-            // Woken early by a redirection or a failing node.
+        if failing {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(every);
+        } else {
+            // Woken early by a redirection, a failing node, or a key no node serves.
             let _ = tokio::time::timeout(every, asked.notified()).await;
         }
     }
-}
-
-/// The address of a seed, as `CLUSTER SLOTS` would name it (`host:port`).
-fn addr_of(info: &ConnectionInfo) -> String {
-    info.addr().to_string()
 }
 
 /// The ranges of a `CLUSTER SLOTS` reply (each range's primary). A primary with an empty
@@ -342,7 +371,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_node_opens_only_its_own_breaker_and_keeps_it_across_maps() {
-        // Port 1 on loopback: nothing is asked in this test, the map is installed by hand.
+        // Port 1 on loopback: the background reads fail; the map is installed by hand.
         let c = Cluster::start(
             &["redis://127.0.0.1:1".into()],
             settings(),
@@ -375,7 +404,8 @@ mod tests {
         let k = key_on(0..=16383);
         let slot = crate::key::slot(k.as_bytes());
         let other = key_on(slot.wrapping_add(1)..=slot.wrapping_add(1));
-        let to = c.moved(slot, "n2:2").unwrap();
+        let from = c.node_for(&k).unwrap();
+        let to = c.moved(slot, "n2:2", &from).unwrap();
         assert_eq!(to.addr(), "n2:2");
         assert!(Arc::ptr_eq(&c.node_for(&k).unwrap(), &to));
         assert_eq!(
@@ -383,6 +413,12 @@ mod tests {
             "n1:1",
             "other slots stay"
         );
+        // The same new node again: found by address, not made twice.
+        let again = c.moved((slot + 1) % 16384, "n2:2", &from).unwrap();
+        assert!(Arc::ptr_eq(&again, &to));
+        assert_eq!(c.nodes().len(), 2);
+        // No host: the replying node's.
+        assert_eq!(c.moved(slot, ":7", &from).unwrap().addr(), "n1:7");
     }
 
     #[test]

@@ -31,13 +31,28 @@ pub(crate) enum StoreError {
     Server(redis::RedisError),
     /// A reply of the wrong shape.
     Protocol(String),
+    /// Not asked: the node's breaker is open (a cluster node other than the subject's, e.g.
+    /// a sub-bucket's, or the target of a redirection).
+    BreakerOpen,
 }
 
 impl StoreError {
     /// Timeouts and transport failures: the store may be fine again later; the breaker
     /// counts these and the fail mode answers them. Nothing else is.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Timeout | Self::Transport(_))
+        matches!(self, Self::Timeout | Self::Transport(_) | Self::BreakerOpen)
+    }
+
+    /// Whether the node asked should count this against its breaker: not when it was not
+    /// asked, nor for a redirection or a slot in migration (`MOVED`, `ASK`, `TRYAGAIN`: the
+    /// node is up, the key is elsewhere for now), which a resharding produces by the
+    /// thousand and which must not cut off the node's other slots.
+    pub(crate) fn counts_against_breaker(&self) -> bool {
+        match self {
+            Self::BreakerOpen => false,
+            Self::Transport(e) => !matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN")),
+            _ => true,
+        }
     }
 
     /// Failures that a fresh connection may not have: no answer at all (a connection whose
@@ -47,7 +62,7 @@ impl StoreError {
         match self {
             Self::Timeout => true,
             Self::Transport(e) => e.code() == Some("READONLY"),
-            Self::Server(_) | Self::Protocol(_) => false,
+            Self::Server(_) | Self::Protocol(_) | Self::BreakerOpen => false,
         }
     }
 
@@ -57,6 +72,7 @@ impl StoreError {
             Self::Transport(_) => "transport",
             Self::Server(_) => "server",
             Self::Protocol(_) => "protocol",
+            Self::BreakerOpen => "breaker_open",
         }
     }
 
@@ -81,9 +97,10 @@ impl StoreError {
 /// `BUSY`: a runaway script; `LOADING`: a dataset loading; `MISCONF`: writes stopped after a
 /// failed save; `NOREPLICAS`: `min-replicas-to-write` unmet; `READONLY`: a replica after a
 /// failover; `OOM`: `maxmemory` reached; `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`: a cluster
-/// or replica in transition; `MOVED`, `ASK`: a redirection the cluster client could not
-/// follow within its retries (a node unreachable, slots moving). Every other reply (`ERR`,
-/// `WRONGTYPE`, ...) is a bug to fix.
+/// or replica in transition; `MOVED`, `ASK`: a redirection not followed (`MOVED` is followed
+/// once, see `crate::cluster`; `ASK`, a slot being migrated, is not). The redirections and
+/// `TRYAGAIN` are answered by the fail mode but not counted by the breaker. Every other
+/// reply (`ERR`, `WRONGTYPE`, ...) is a bug to fix.
 const UNWELL: [&str; 11] = [
     "BUSY",
     "LOADING",
@@ -104,6 +121,7 @@ impl std::fmt::Display for StoreError {
             Self::Timeout => f.write_str("no answer within the timeout"),
             Self::Transport(e) | Self::Server(e) => e.fmt(f),
             Self::Protocol(s) => f.write_str(s),
+            Self::BreakerOpen => f.write_str("the node's breaker is open"),
         }
     }
 }

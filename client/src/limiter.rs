@@ -11,11 +11,12 @@ use crate::store::{not_connected, Item, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Share};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Checks requests against policies, globally through the store. Cheap to clone; clones
-/// share connection, breaker, deny cache and local buckets (one per pod).
+/// share the connections and breakers (one per server or cluster primary), the deny cache
+/// and the local buckets (one set per pod).
 #[derive(Debug, Clone)]
 pub struct Limiter {
     inner: Arc<Inner>,
@@ -468,25 +469,32 @@ impl Limiter {
             return Err(Error::Config("a check needs at least one policy".into()));
         };
         let Some(node) = inner.store.route(&first.key) else {
-            // A cluster whose topology is not known yet.
+            // A cluster whose topology is not known yet (or a slot no node serves).
             metrics::counter!("ratelimit_store_errors_total", "kind" => "transport").increment(1);
             return Ok(self.fallback(planned, inner.probe_interval));
         };
         if let Admission::Reject(probe_at) = node.breaker.admit(now) {
             return Ok(self.fallback(planned, probe_at.saturating_duration_since(now)));
         }
-        let asked = tokio::time::timeout(inner.timeout, self.ask_store(&node, planned)).await;
+        // The node asked last: a sub-bucket's or a redirection's may not be the subject's,
+        // and a failure (or the timeout) is that node's.
+        let asking = Mutex::new(Arc::clone(&node));
+        let asked = tokio::time::timeout(inner.timeout, self.ask_store(&asking, planned)).await;
+        let last = asking.into_inner().unwrap_or_else(|p| p.into_inner());
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
                 self.store_answered(&node);
+                if !Arc::ptr_eq(&last, &node) {
+                    self.store_answered(&last);
+                }
                 // Retry-After counts from the reply, not from before the round trip.
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&node, &e);
+                self.store_failed(&last, &e);
                 Ok(self.fallback(planned, inner.probe_interval))
             }
-            Err(e) => Err(self.store_refused(&node, e)),
+            Err(e) => Err(self.store_refused(&last, e)),
         }
     }
 
@@ -510,6 +518,9 @@ impl Limiter {
 
     fn store_failed(&self, node: &Node, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+        if !e.counts_against_breaker() {
+            return;
+        }
         let opened = node.breaker.on_failure(Instant::now());
         self.inner.store.on_failure(node, e, opened);
         if opened {
@@ -580,9 +591,10 @@ impl Limiter {
     /// peek when the first was refused, so nothing is taken from them).
     async fn ask_store(
         &self,
-        node: &Node,
+        asking: &Mutex<Arc<Node>>,
         planned: &[Planned<'_>],
     ) -> Result<Vec<Reply>, StoreError> {
+        let node = lock(asking).clone();
         fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
             Item {
                 key: &p.key,
@@ -599,7 +611,7 @@ impl Limiter {
         let mut main_replies = if main.is_empty() {
             Vec::new()
         } else {
-            self.inner.store.check_all(node, &main).await?
+            self.ask(asking, &node, &node, &main).await?
         }
         .into_iter();
         let mut passed = main_replies.as_slice().iter().all(|r| r[0] == 1);
@@ -615,9 +627,7 @@ impl Limiter {
                 // A sub-bucket lives on its own slot, maybe another node.
                 let shard_node = self.inner.store.route(&p.key).ok_or_else(not_connected)?;
                 let r = self
-                    .inner
-                    .store
-                    .check_all(&shard_node, &[item(p, cost)])
+                    .ask(asking, &node, &shard_node, &[item(p, cost)])
                     .await?;
                 let r = r
                     .into_iter()
@@ -628,6 +638,34 @@ impl Limiter {
             }
         }
         Ok(replies)
+    }
+
+    /// One call to `node` (through its breaker unless it is `subject`'s node, admitted
+    /// already), following one `MOVED`; `asking` is left at the node asked last.
+    async fn ask(
+        &self,
+        asking: &Mutex<Arc<Node>>,
+        subject: &Arc<Node>,
+        node: &Arc<Node>,
+        items: &[Item<'_>],
+    ) -> Result<Vec<Reply>, StoreError> {
+        let store = &self.inner.store;
+        let through_breaker = |n: &Arc<Node>| -> Result<(), StoreError> {
+            *lock(asking) = Arc::clone(n);
+            let admitted = Arc::ptr_eq(n, subject)
+                || !matches!(n.breaker.admit(Instant::now()), Admission::Reject(_));
+            admitted.then_some(()).ok_or(StoreError::BreakerOpen)
+        };
+        through_breaker(node)?;
+        let r = store.check_all(node, items).await;
+        let Some(to) = r.as_ref().err().and_then(|e| store.redirect(node, e)) else {
+            return r;
+        };
+        // The old owner answered, with a redirection: it is up.
+        node.on_answer();
+        node.breaker.on_success();
+        through_breaker(&to)?;
+        store.check_all(&to, items).await
     }
 
     fn answer_from_store(
@@ -759,4 +797,9 @@ fn now_ticks() -> u64 {
 fn unreachable_empty() -> Decision {
     // `decide` refuses an empty policy list before planning anything.
     unreachable!("a decision over no policies")
+}
+
+/// The node being asked (replaced whole: a poisoned lock still holds a valid one).
+fn lock(asking: &Mutex<Arc<Node>>) -> std::sync::MutexGuard<'_, Arc<Node>> {
+    asking.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -29,7 +29,7 @@ pub(crate) struct NodeSettings {
 
 /// See the module docs.
 pub(crate) struct Node {
-    /// `host:port`, as the cluster names it.
+    /// `host:port`, as the cluster names it (a socket's path for a Unix socket).
     addr: String,
     client: redis::Client,
     config: ConnectionManagerConfig,
@@ -67,11 +67,9 @@ pub(crate) fn tcp_settings() -> TcpSettings {
 impl Node {
     /// A node at `info` (its TCP settings replaced by [`tcp_settings`]). Does not connect:
     /// the first call does.
-    pub(crate) fn new(
-        addr: String,
-        info: ConnectionInfo,
-        settings: NodeSettings,
-    ) -> redis::RedisResult<Self> {
+    pub(crate) fn new(info: ConnectionInfo, settings: NodeSettings) -> redis::RedisResult<Self> {
+        // `host:port` only: what `CLUSTER SLOTS` names it, and never the URL's password.
+        let addr = info.addr().to_string();
         let client = redis::Client::open(info.set_tcp_settings(tcp_settings()))?;
         // Retries are left to the breaker: a dead server costs a call no more than the
         // connect timeout.

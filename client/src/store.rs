@@ -74,7 +74,7 @@ impl Store {
         force_script: bool,
     ) -> redis::RedisResult<Self> {
         let info = url.into_connection_info()?;
-        let node = Node::new(url.to_owned(), info, settings)?;
+        let node = Node::new(info, settings)?;
         Ok(Self::new(Target::Single(Arc::new(node)), force_script))
     }
 
@@ -91,11 +91,17 @@ impl Store {
     }
 
     /// The node serving `key` (for a cluster: none until the topology is known, or if no
-    /// node serves the slot).
+    /// node serves the slot; then a topology read is asked for).
     pub(crate) fn route(&self, key: &str) -> Option<Arc<Node>> {
         match &self.target {
             Target::Single(node) => Some(Arc::clone(node)),
-            Target::Cluster(cluster) => cluster.node_for(key),
+            Target::Cluster(cluster) => {
+                let node = cluster.node_for(key);
+                if node.is_none() {
+                    cluster.refresh_soon();
+                }
+                node
+            }
         }
     }
 
@@ -135,31 +141,20 @@ impl Store {
         Ok(())
     }
 
-    /// The node a `MOVED` reply from a cluster node sends the call to (learnt for the
-    /// next calls too).
-    fn redirect(&self, r: &Result<Vec<Reply>, StoreError>) -> Option<Arc<Node>> {
-        let (Target::Cluster(cluster), Err(StoreError::Transport(e))) = (&self.target, r) else {
+    /// The node a `MOVED` reply from `from` sends the call to (learnt for the next calls
+    /// too); `None` for any other error, or a single server.
+    pub(crate) fn redirect(&self, from: &Node, e: &StoreError) -> Option<Arc<Node>> {
+        let (Target::Cluster(cluster), StoreError::Transport(e)) = (&self.target, e) else {
             return None;
         };
         let (slot, addr) = parse_moved(e)?;
-        cluster.moved(slot, &addr)
+        cluster.moved(slot, &addr, from)
     }
 
-    /// Checks `items` atomically on `node` (all keys must share a slot), following one
-    /// `MOVED`.
+    /// Checks `items` atomically on `node` (all keys must share a slot). A `MOVED` is
+    /// returned, for the caller to follow ([`redirect`](Self::redirect)) with its own
+    /// breaker accounting.
     pub(crate) async fn check_all(
-        &self,
-        node: &Node,
-        items: &[Item<'_>],
-    ) -> Result<Vec<Reply>, StoreError> {
-        let r = self.check_all_on(node, items).await;
-        match self.redirect(&r) {
-            Some(to) => self.check_all_on(&to, items).await,
-            None => r,
-        }
-    }
-
-    async fn check_all_on(
         &self,
         node: &Node,
         items: &[Item<'_>],
@@ -189,25 +184,29 @@ impl Store {
 }
 
 impl Store {
-    /// Settles each item (one `RL.SETTLE` per bucket, pipelined into one round trip per
-    /// node; the script settles a node's buckets in one call where the module is not
-    /// loaded). A reservation's buckets share a slot, but for sharded policies' sub-buckets.
+    /// Settles each item: one round trip per slot (a reservation's buckets share one, but
+    /// for sharded policies' sub-buckets), `RL.SETTLE` per bucket pipelined, or the script
+    /// for all of a slot's buckets where the module is not loaded. A `MOVED` slot is
+    /// settled again at its new node: nothing of it was applied at the old one.
     pub(crate) async fn settle(&self, items: &[SettleItem<'_>]) -> Result<Vec<Reply>, StoreError> {
-        let mut groups: Vec<(Arc<Node>, Vec<SettleItem<'_>>, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(u16, Vec<SettleItem<'_>>, Vec<usize>)> = Vec::new();
         for (i, item) in items.iter().enumerate() {
-            let node = self.route(item.key).ok_or_else(not_connected)?;
-            match groups.iter_mut().find(|(n, ..)| Arc::ptr_eq(n, &node)) {
+            let slot = crate::key::slot(item.key.as_bytes());
+            match groups.iter_mut().find(|(s, ..)| *s == slot) {
                 Some((_, part, at)) => {
                     part.push(*item);
                     at.push(i);
                 }
-                None => groups.push((node, vec![*item], vec![i])),
+                None => groups.push((slot, vec![*item], vec![i])),
             }
         }
         let mut replies = vec![[0; 4]; items.len()];
-        for (node, part, at) in groups {
+        for (_, part, at) in groups {
+            let node = self
+                .route(part.first().map_or("", |i| i.key))
+                .ok_or_else(not_connected)?;
             let r = self.settle_on(&node, &part).await;
-            let r = match self.redirect(&r) {
+            let r = match r.as_ref().err().and_then(|e| self.redirect(&node, e)) {
                 Some(to) => self.settle_on(&to, &part).await,
                 None => r,
             }?;
@@ -220,6 +219,7 @@ impl Store {
         Ok(replies)
     }
 
+    /// Settles one slot's buckets on `node`.
     async fn settle_on(
         &self,
         node: &Node,
@@ -235,11 +235,27 @@ impl Store {
                     .arg(i.burst)
                     .arg(i.delta);
             }
-            match pipe.query_async::<Vec<Reply>>(&mut conn).await {
-                Ok(r) => return check_len(r, items.len()),
-                Err(e) if is_unknown_command(&e) => self.switch_to_script(),
-                Err(e) => return Err(StoreError::from_redis(e)),
+            // Each command's own reply: a pipeline's error would hide the MOVED's target
+            // (and an unknown command's text).
+            let answers = pipe
+                .ignore_errors()
+                .query_async::<Vec<redis::RedisResult<Reply>>>(&mut conn)
+                .await
+                .map_err(StoreError::from_redis)?;
+            let mut replies = Vec::with_capacity(answers.len());
+            let mut unknown = false;
+            for a in answers {
+                match a {
+                    Ok(r) => replies.push(r),
+                    Err(e) if is_unknown_command(&e) => unknown = true,
+                    Err(e) => return Err(StoreError::from_redis(e)),
+                }
             }
+            if !unknown {
+                return check_len(replies, items.len());
+            }
+            // Unknown everywhere at once (a server without the module): nothing applied.
+            self.switch_to_script();
         }
         let mut invocation = self.script.prepare_invoke();
         for i in items {

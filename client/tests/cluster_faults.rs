@@ -148,14 +148,15 @@ async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
 }
 
 /// A slot moved to another node after the limiter read the topology: the old owner's
-/// `MOVED` is followed in the same check, and the slot is known to be moved from then on.
+/// `MOVED` is followed in the same check, and the next checks go to the new owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_followed_at_once() {
     for flavor in Flavor::ALL {
         let nodes = start_cluster(flavor);
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
             .timeout(Duration::from_millis(500))
-            // No periodic topology read during the test: only the MOVED reply tells.
+            // No periodic topology read during the test: the MOVED reply tells (and asks for
+            // a read at once; the per-slot update itself is a unit test in cluster.rs).
             .probe_interval(Duration::from_secs(600))
             .build()
             .unwrap();

@@ -211,3 +211,47 @@ async fn cluster_checks_and_hot_key_shards() {
         assert!(nodes_used >= 2, "{flavor:?}: all sub-buckets on one node");
     }
 }
+
+/// On a cluster, a reservation over a policy and a sharded one settles both, by module and
+/// by script: the script's keys must share a slot, and a sub-bucket is on its own (at times
+/// on the subject's node, at times not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settles_reservations_with_sub_buckets() {
+    let nodes = start_cluster(Flavor::Valkey);
+    for script in [false, true] {
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(Duration::from_millis(500))
+            .force_script(script)
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await);
+        let api = Policy::builder("api")
+            .per_hour(100)
+            .burst(100)
+            .build()
+            .unwrap();
+        let hot = Policy::builder("hot")
+            .per_second(1000)
+            .burst(800)
+            .shards(8)
+            .build()
+            .unwrap();
+        for i in 0..12 {
+            let subject = format!("settler-{script}");
+            let r = l.reserve(&subject, &[(&api, 1), (&hot, 1)]).await.unwrap();
+            assert_eq!(
+                (r.decision().source, r.is_allowed()),
+                (Source::Store, true),
+                "script {script} #{i}"
+            );
+            let d = r.settle_each(&[3, 2]).await.unwrap();
+            assert_eq!(d.source, Source::Store, "script {script} #{i}");
+        }
+        // 12 requests of 3 each from the unsharded bucket.
+        let d = l
+            .check_one(&api, &format!("settler-{script}"), 0)
+            .await
+            .unwrap();
+        assert_eq!(d.remaining, 100 - 36, "script {script}");
+    }
+}
