@@ -67,6 +67,7 @@ mod key;
 mod limiter;
 mod local;
 mod node;
+mod observe;
 pub mod pods;
 mod policy;
 pub mod region;

@@ -6,6 +6,7 @@ use crate::deny_cache::DenyCache;
 use crate::error::StoreError;
 use crate::local::LocalBuckets;
 use crate::node::{Node, NodeSettings};
+use crate::observe::observe;
 use crate::reservation::{Held, Reservation};
 use crate::store::{not_connected, Item, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
@@ -603,6 +604,16 @@ impl Limiter {
                 cost,
             }
         }
+        // The common case, no sharded policy: one call, its replies as they are.
+        if planned.iter().all(|p| p.policy.shards() == 1) {
+            return match planned {
+                [p] => self.ask(asking, &node, &node, &[item(p, p.cost)]).await,
+                _ => {
+                    let items: Vec<Item<'_>> = planned.iter().map(|p| item(p, p.cost)).collect();
+                    self.ask(asking, &node, &node, &items).await
+                }
+            };
+        }
         let main: Vec<Item<'_>> = planned
             .iter()
             .filter(|p| p.policy.shards() == 1)
@@ -777,16 +788,6 @@ impl Limiter {
 }
 
 /// Counts a decision and how long it took.
-fn observe(started: Instant, d: &Result<Decision, Error>) {
-    if let Ok(d) = d {
-        let source = d.source.as_str();
-        let allowed = if d.is_allowed() { "true" } else { "false" };
-        metrics::counter!("ratelimit_decisions_total", "source" => source, "allowed" => allowed, "policy" => d.policy.metric_label()).increment(1);
-        metrics::histogram!("ratelimit_check_duration_seconds", "source" => source)
-            .record(started.elapsed().as_secs_f64());
-    }
-}
-
 fn now_ticks() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -1,5 +1,6 @@
 //! Policies: "100 per minute, burst 20", with a name, a fail mode and optional sharding.
 
+use crate::observe::DecisionKeys;
 use crate::Error;
 use redis_ratelimit_core::Limit;
 use std::fmt;
@@ -50,6 +51,8 @@ struct Inner {
     shard_limit: Limit,
     /// `rate / shards` as sent to the server: the shortest text that parses back exactly.
     shard_rate_arg: String,
+    /// Its decisions counter's keys, built once (see `observe`).
+    decision_keys: DecisionKeys,
 }
 
 impl fmt::Debug for Policy {
@@ -120,6 +123,10 @@ impl Policy {
     }
 
     /// The name as a metrics label value (no copy).
+    pub(crate) fn decision_keys(&self) -> &DecisionKeys {
+        &self.0.decision_keys
+    }
+
     pub(crate) fn metric_label(&self) -> metrics::SharedString {
         metrics::SharedString::from_shared(self.0.name.clone())
     }
@@ -257,7 +264,6 @@ impl Inner {
         let shard_rate = rate / f64::from(shards);
         let shard_limit = Limit::new(shard_rate, burst / u64::from(shards))?;
         Ok(Self {
-            name,
             count,
             period,
             burst,
@@ -267,6 +273,8 @@ impl Inner {
             limit,
             shard_limit,
             shard_rate_arg: shard_rate.to_string(),
+            decision_keys: DecisionKeys::new(&name),
+            name,
         })
     }
 }
