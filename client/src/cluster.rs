@@ -362,6 +362,17 @@ mod tests {
         }
     }
 
+    /// A cluster on port 1 of loopback: the background reads fail; the tests install the
+    /// map by hand.
+    fn unreachable() -> Arc<Cluster> {
+        Cluster::start(
+            &["redis://127.0.0.1:1".into()],
+            settings(),
+            Duration::from_secs(3600),
+        )
+        .unwrap()
+    }
+
     fn key_on(want: std::ops::RangeInclusive<u16>) -> String {
         (0..)
             .map(|i| format!("k{i}"))
@@ -371,13 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_node_opens_only_its_own_breaker_and_keeps_it_across_maps() {
-        // Port 1 on loopback: the background reads fail; the map is installed by hand.
-        let c = Cluster::start(
-            &["redis://127.0.0.1:1".into()],
-            settings(),
-            Duration::from_secs(3600),
-        )
-        .unwrap();
+        let c = unreachable();
         let (a, b) = (key_on(0..=8191), key_on(8192..=16383));
         assert!(c.node_for(&a).is_none(), "no node before the map");
         c.install(&[(0, 8191, "n1:1".into()), (8192, 16383, "n2:2".into())]);
@@ -394,12 +399,7 @@ mod tests {
 
     #[tokio::test]
     async fn moved_points_one_slot_at_the_new_node() {
-        let c = Cluster::start(
-            &["redis://127.0.0.1:1".into()],
-            settings(),
-            Duration::from_secs(3600),
-        )
-        .unwrap();
+        let c = unreachable();
         c.install(&[(0, 16383, "n1:1".into())]);
         let k = key_on(0..=16383);
         let slot = crate::key::slot(k.as_bytes());

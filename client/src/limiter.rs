@@ -604,21 +604,21 @@ impl Limiter {
                 cost,
             }
         }
-        // The common case, no sharded policy: one call, its replies as they are.
-        if planned.iter().all(|p| p.policy.shards() == 1) {
-            return match planned {
-                [p] => self.ask(asking, &node, &node, &[item(p, p.cost)]).await,
-                _ => {
-                    let items: Vec<Item<'_>> = planned.iter().map(|p| item(p, p.cost)).collect();
-                    self.ask(asking, &node, &node, &items).await
-                }
-            };
+        // The common case, one policy and not sharded: no vectors.
+        if let [p] = planned {
+            if p.policy.shards() == 1 {
+                return self.ask(asking, &node, &node, &[item(p, p.cost)]).await;
+            }
         }
         let main: Vec<Item<'_>> = planned
             .iter()
             .filter(|p| p.policy.shards() == 1)
             .map(|p| item(p, p.cost))
             .collect();
+        // No sharded policy: one call, its replies as they are.
+        if main.len() == planned.len() {
+            return self.ask(asking, &node, &node, &main).await;
+        }
         let mut main_replies = if main.is_empty() {
             Vec::new()
         } else {
