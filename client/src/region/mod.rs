@@ -8,6 +8,8 @@
 //! (the invariant and its proof: [`share`]). Requests never wait on another region.
 //!
 //! - [`share`]: the protocol, pure (time passed in), property-tested.
+//! - `split`: per-subject shares for the hottest subjects, on top of the protocol, pure.
+//! - `hot`: the pods' bounded count of their busiest subjects.
 //! - `record`: what a region keeps in its store; every region reads the others' records,
 //!   none writes to another's store.
 //! - `sync`: the task that measures demand, elects one leader per region and runs the
@@ -17,6 +19,7 @@
 mod limiter;
 mod record;
 pub mod share;
+mod split;
 mod sync;
 
 pub use limiter::{RegionalBuilder, RegionalLimiter};

@@ -145,6 +145,12 @@ impl Share {
                 None => return false,
             }
         }
+        self.grow_within(intent, taken)
+    }
+
+    /// Phase 2 with the others' claims already summed (`taken`, every peer read): grows to
+    /// `min(target, intent, WHOLE − taken)` if that is more than it has.
+    pub fn grow_within(&mut self, intent: u32, taken: u64) -> bool {
         let room = u64::from(WHOLE).saturating_sub(taken);
         let want = u64::from(self.target.min(intent)).min(room) as u32;
         if want > self.share {
