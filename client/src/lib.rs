@@ -51,7 +51,8 @@
 //! - In-service limits (module `guard`, feature `guard`): `guard_*`, listed there.
 //! - Regions ([`region`]): `ratelimit_region_share{region, policy}`,
 //!   `ratelimit_region_rebalance_duration_seconds` (histogram),
-//!   `ratelimit_region_figure_age_seconds{region}`; live pods ([`pods`]):
+//!   `ratelimit_region_figure_age_seconds{region}`,
+//!   `ratelimit_region_hot_subjects{region, policy}`; live pods ([`pods`]):
 //!   `ratelimit_live_pods`.
 
 mod breaker;

@@ -9,7 +9,7 @@ use redis_ratelimit_testkit::*;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "current_thread")]
-async fn shares_rebalances_figure_age_and_pods_are_reported() {
+async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
@@ -80,4 +80,25 @@ async fn shares_rebalances_figure_age_and_pods_are_reported() {
     assert_eq!(ages.len(), 2);
     assert!(ages.iter().all(|a| a.is_finite() && *a < 5.0), "{ages:?}");
     assert_eq!(live, Some(1.0));
+
+    // "k", checked only in region 0, is its hottest subject: region 0 gives it an entry,
+    // and region 1 tracks it too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        regions[0].check_one(&p, "k", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut hot = Vec::new();
+        for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+            if let ("ratelimit_region_hot_subjects", DebugValue::Gauge(g)) = (k.key().name(), v) {
+                hot.push(g.into_inner());
+            }
+        }
+        if hot == [1.0, 1.0] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hot subjects per region: {hot:?}"
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! Regions: three servers on loopback, one per region, two pods per region, the default
 //! rebalance period (2 s). One subject, 300/s burst 30, offered 5× that for 12 s, split
-//! over the regions by weight.
+//! over the regions by weight; or two subjects at 2.5× each, busy in different regions.
 //!
 //! The tests are CPU-heavy (1 500 checks/s over three servers on two cores), so they run
 //! one at a time (`SERIAL`). Bounds are the issue's, with no timing assertions.
@@ -98,16 +98,22 @@ impl Regions {
         tokio::spawn(async move {
             let mut most: f64 = 0.0;
             while !stop.load(Relaxed) {
-                let sum: f64 = pods
-                    .iter()
-                    .map(|region| {
-                        region
-                            .iter()
-                            .map(|l| l.share("api").unwrap_or(0.0))
-                            .fold(0.0, f64::max)
-                    })
-                    .sum();
-                most = most.max(sum);
+                // The policy's shares (any other subject) and the subject's own.
+                for share in [
+                    |l: &RegionalLimiter| l.share("api"),
+                    |l: &RegionalLimiter| l.share_for("api", "the-one-subject"),
+                ] {
+                    let sum: f64 = pods
+                        .iter()
+                        .map(|region| {
+                            region
+                                .iter()
+                                .map(|l| share(l).unwrap_or(0.0))
+                                .fold(0.0, f64::max)
+                        })
+                        .sum();
+                    most = most.max(sum);
+                }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             most
@@ -138,38 +144,55 @@ impl Run {
 /// regions and round-robin over each region's pods, open loop (checks are launched when
 /// due, whether or not earlier ones have returned).
 async fn drive(regions: &Regions, weights: [f64; 3], secs: f64) -> Run {
+    let mut runs = drive_subjects(regions, &[("the-one-subject", weights)], OFFERED, secs).await;
+    runs.remove(0)
+}
+
+/// [`drive`] for several subjects at once, each offered `offered` checks/s split by its
+/// own weights: one run per subject.
+async fn drive_subjects(
+    regions: &Regions,
+    subjects: &[(&'static str, [f64; 3])],
+    offered: f64,
+    secs: f64,
+) -> Vec<Run> {
     let p = policy();
-    let total_w: f64 = weights.iter().sum();
-    let allowed: Arc<Vec<AtomicU64>> = Arc::new((0..3).map(|_| AtomicU64::new(0)).collect());
+    let n = subjects.len();
+    let allowed: Arc<Vec<AtomicU64>> = Arc::new((0..3 * n).map(|_| AtomicU64::new(0)).collect());
     let local = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let mut launched = [0u64; 3];
+    let mut launched = vec![0u64; 3 * n];
     let mut tasks = Vec::new();
     let started = Instant::now();
     loop {
         let t = started.elapsed().as_secs_f64().min(secs);
-        for r in 0..3 {
-            let due = (OFFERED * weights[r] / total_w * t) as u64;
-            while launched[r] < due {
-                let l = regions.pods[r][launched[r] as usize % PODS_PER_REGION].clone();
-                let (p, allowed, local, errors) =
-                    (p.clone(), allowed.clone(), local.clone(), errors.clone());
-                tasks.push(tokio::spawn(async move {
-                    match l.check_one(&p, "the-one-subject", 1).await {
-                        Ok(d) => {
-                            if d.is_allowed() {
-                                allowed[r].fetch_add(1, Relaxed);
+        for (s, (subject, weights)) in subjects.iter().enumerate() {
+            let total_w: f64 = weights.iter().sum();
+            for (r, weight) in weights.iter().enumerate() {
+                let due = (offered * weight / total_w * t) as u64;
+                let i = 3 * s + r;
+                while launched[i] < due {
+                    let l = regions.pods[r][launched[i] as usize % PODS_PER_REGION].clone();
+                    let (p, allowed, local, errors) =
+                        (p.clone(), allowed.clone(), local.clone(), errors.clone());
+                    let subject = *subject;
+                    tasks.push(tokio::spawn(async move {
+                        match l.check_one(&p, subject, 1).await {
+                            Ok(d) => {
+                                if d.is_allowed() {
+                                    allowed[i].fetch_add(1, Relaxed);
+                                }
+                                if d.source == Source::LocalFallback {
+                                    local.fetch_add(1, Relaxed);
+                                }
                             }
-                            if d.source == Source::LocalFallback {
-                                local.fetch_add(1, Relaxed);
+                            Err(_) => {
+                                errors.fetch_add(1, Relaxed);
                             }
                         }
-                        Err(_) => {
-                            errors.fetch_add(1, Relaxed);
-                        }
-                    }
-                }));
-                launched[r] += 1;
+                    }));
+                    launched[i] += 1;
+                }
             }
         }
         if t >= secs {
@@ -182,12 +205,14 @@ async fn drive(regions: &Regions, weights: [f64; 3], secs: f64) -> Run {
     }
     // Until the last check returned: admissions may happen that late.
     let secs = started.elapsed().as_secs_f64();
-    Run {
-        allowed: allowed.iter().map(|a| a.load(Relaxed)).collect(),
-        local: local.load(Relaxed),
-        errors: errors.load(Relaxed),
-        secs,
-    }
+    (0..n)
+        .map(|s| Run {
+            allowed: (0..3).map(|r| allowed[3 * s + r].load(Relaxed)).collect(),
+            local: local.load(Relaxed),
+            errors: errors.load(Relaxed),
+            secs,
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,6 +277,53 @@ async fn even_demand_uses_the_whole_quota_and_no_more() {
     assert_eq!(run.errors, 0);
     assert!(total >= 0.85 * bound, "{total} < 85% of {bound:.1}");
     assert!(total <= 1.02 * bound, "{total} > 102% of {bound:.1}");
+}
+
+/// Per-subject shares: subject A busy in region 0, B in region 2, both over the limit.
+/// A policy-wide split would give regions 0 and 2 about 0.45 each, so each subject about
+/// half its limit where it is busy (and quota stranded where it is not); each subject's
+/// own split gives it most of its limit where it is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subjects_busy_in_different_regions_each_get_their_own_split() {
+    let _serial = SERIAL.lock().await;
+    let regions = start();
+    regions.settle_even().await;
+    let subjects = [("key-a", [80.0, 10.0, 10.0]), ("key-b", [10.0, 10.0, 80.0])];
+    // 2.5x the limit each: the same load as one subject at 5x.
+    let runs = drive_subjects(&regions, &subjects, OFFERED / 2.0, 12.0).await;
+    let own = |subject: &str| -> Vec<f64> {
+        regions
+            .pods
+            .iter()
+            .map(|pods| pods[0].share_for("api", subject).unwrap_or(0.0))
+            .collect()
+    };
+    let (a, b) = (own("key-a"), own("key-b"));
+    eprintln!(
+        "A 80/10/10, B 10/10/80: {runs:?}; A's shares {a:?}, B's {b:?}, policy {:?}",
+        regions.shares()
+    );
+    for ((subject, _), (run, busy)) in subjects.iter().zip(runs.iter().zip([0, 2])) {
+        let total = run.total() as f64;
+        assert_eq!(run.errors, 0);
+        assert!(
+            run.allowed[busy] as f64 >= 0.65 * total,
+            "{subject}: its busy region admitted {} of {total}",
+            run.allowed[busy]
+        );
+        assert!(
+            total <= run.bound(),
+            "{subject}: {total} > {:.1}",
+            run.bound()
+        );
+        assert!(
+            total >= 0.85 * run.bound(),
+            "{subject}: quota stranded: {total} < 85% of {:.1}",
+            run.bound()
+        );
+    }
+    assert!(a[0] > 0.6 && b[2] > 0.6, "A's {a:?}, B's {b:?}");
+    assert!(a.iter().sum::<f64>() <= 1.0 + 1e-9 && b.iter().sum::<f64>() <= 1.0 + 1e-9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,6 +427,7 @@ async fn a_region_that_cannot_read_a_peer_does_not_grow() {
             while !stop.load(Relaxed) {
                 for l in &pods {
                     most = most.max(l.share("api").unwrap_or(0.0));
+                    most = most.max(l.share_for("api", "the-one-subject").unwrap_or(0.0));
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -364,7 +437,9 @@ async fn a_region_that_cannot_read_a_peer_does_not_grow() {
     let cut_off = drive(&regions, [80.0, 10.0, 10.0], 5.0).await;
     stop.store(true, Relaxed);
     let most = sampler.await.unwrap();
-    let freed = regions.shares()[1][0];
+    let freed = regions.pods[1][0]
+        .share_for("api", "the-one-subject")
+        .unwrap_or(1.0);
     regions.servers[2].signal("CONT");
     let after = drive(&regions, [80.0, 10.0, 10.0], 6.0).await;
     let shares = regions.shares();

@@ -1,8 +1,10 @@
 //! The region-aware limiter: a [`Limiter`] on the region's own store, checking each policy
 //! at the region's current share; the shares come from [`super::sync`], off the request path.
 
+use super::hot::HotCounter;
 use super::record::RegionStore;
 use super::share::WHOLE;
+use super::split::Subject;
 use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
@@ -55,10 +57,23 @@ pub(crate) struct Slot {
     pub(crate) base: Policy,
     /// Offered cost since the sync task last took it (this region's demand).
     pub(crate) offered: Arc<AtomicU64>,
+    /// This pod's busiest subjects since the sync task last took them.
+    pub(crate) hot: Mutex<HotCounter>,
     pub(crate) applied: Mutex<Applied>,
 }
 
-/// The share a pod checks with, and until when it may.
+/// Subjects a pod's [`HotCounter`] keeps per policy: any subject with more than 1/64 of
+/// the pod's offered cost is among them.
+const HOT_CAPACITY: usize = 64;
+
+/// A subject's id in the regions' records: XXH3-64 of its name, unseeded, so that every
+/// region names it alike.
+pub(crate) fn subject_id(subject: &str) -> Subject {
+    xxhash_rust::xxh3::xxh3_64(subject.as_bytes())
+}
+
+/// The shares a pod checks with (the policy's, and each hot subject's), and until when it
+/// may.
 #[derive(Debug, Clone)]
 pub(crate) struct Applied {
     pub(crate) ppm: u32,
@@ -66,6 +81,8 @@ pub(crate) struct Applied {
     /// `policy` at no more than the floor: what a pod uses once its lease on `ppm` ran out
     /// (its own store unreachable for longer than a lease).
     pub(crate) capped: Policy,
+    /// Hot subjects' own shares, each as `(ppm, policy, capped)`.
+    pub(crate) entries: HashMap<Subject, (u32, Policy, Policy)>,
     pub(crate) valid_until: Instant,
 }
 
@@ -75,12 +92,17 @@ impl Slot {
         Ok(Self {
             base: base.clone(),
             offered: Arc::default(),
+            hot: Mutex::new(HotCounter::new(HOT_CAPACITY)),
             applied: Mutex::new(applied),
         })
     }
 
     pub(crate) fn applied(&self) -> std::sync::MutexGuard<'_, Applied> {
         self.applied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn hot(&self) -> std::sync::MutexGuard<'_, HotCounter> {
+        self.hot.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -91,14 +113,58 @@ impl Applied {
         floor: u32,
         valid_until: Instant,
     ) -> Result<Self, Error> {
-        let fraction = |ppm: u32| f64::from(ppm) / f64::from(WHOLE);
+        let (policy, capped) = scale(base, ppm, floor)?;
         Ok(Self {
             ppm,
-            policy: base.scaled(fraction(ppm))?,
-            capped: base.scaled(fraction(ppm.min(floor)))?,
+            policy,
+            capped,
+            entries: HashMap::new(),
             valid_until,
         })
     }
+
+    /// Hot subjects' shares: `entries` replaces the ones before (kept where unchanged).
+    pub(crate) fn set_entries(
+        &mut self,
+        base: &Policy,
+        entries: &[(Subject, u32)],
+        floor: u32,
+    ) -> Result<(), Error> {
+        let mut next = HashMap::with_capacity(entries.len());
+        for &(x, ppm) in entries {
+            match self.entries.remove(&x) {
+                Some(e) if e.0 == ppm => next.insert(x, e),
+                _ => {
+                    let (policy, capped) = scale(base, ppm, floor)?;
+                    next.insert(x, (ppm, policy, capped))
+                }
+            };
+        }
+        self.entries = next;
+        Ok(())
+    }
+
+    /// The policy to check `subject` with at `now`.
+    fn for_subject(&self, subject: Subject, now: Instant) -> &Policy {
+        let (policy, capped) = match self.entries.get(&subject) {
+            Some((_, policy, capped)) => (policy, capped),
+            None => (&self.policy, &self.capped),
+        };
+        if now < self.valid_until {
+            policy
+        } else {
+            capped
+        }
+    }
+}
+
+/// `base` at `ppm`, and at no more than the floor.
+fn scale(base: &Policy, ppm: u32, floor: u32) -> Result<(Policy, Policy), Error> {
+    let fraction = |ppm: u32| f64::from(ppm) / f64::from(WHOLE);
+    Ok((
+        base.scaled(fraction(ppm))?,
+        base.scaled(fraction(ppm.min(floor)))?,
+    ))
 }
 
 /// A request's policies at the region's share, and where each one's demand is counted.
@@ -300,7 +366,7 @@ impl RegionalLimiter {
         subject: &str,
         policies: &[(&Policy, u64)],
     ) -> Result<Decision, Error> {
-        let scaled = self.scaled(policies)?;
+        let scaled = self.scaled(subject, policies)?;
         let refs = scaled.refs();
         self.shared.limiter.check(subject, &refs).await
     }
@@ -313,7 +379,7 @@ impl RegionalLimiter {
         subject: &str,
         policies: &[(&Policy, u64)],
     ) -> Result<Reservation, Error> {
-        let scaled = self.scaled(policies)?;
+        let scaled = self.scaled(subject, policies)?;
         let refs = scaled.refs();
         self.shared
             .limiter
@@ -321,21 +387,19 @@ impl RegionalLimiter {
             .await
     }
 
-    /// Each policy at this region's share (the floor once the share's lease ran out), its
-    /// cost counted as the region's demand; and the demand counters.
-    fn scaled(&self, policies: &[(&Policy, u64)]) -> Result<Scaled, Error> {
+    /// Each policy at this region's share for `subject` (its own if it is hot, the floor
+    /// once the share's lease ran out), its cost counted as the region's demand and the
+    /// subject's; and the demand counters.
+    fn scaled(&self, subject: &str, policies: &[(&Policy, u64)]) -> Result<Scaled, Error> {
         let now = Instant::now();
+        let x = subject_id(subject);
         let mut scaled = Vec::with_capacity(policies.len());
         let mut demand = Vec::with_capacity(policies.len());
         for &(policy, cost) in policies {
             let slot = self.slot(policy)?;
             slot.offered.fetch_add(cost, Relaxed);
-            let applied = slot.applied();
-            let p = if now < applied.valid_until {
-                applied.policy.clone()
-            } else {
-                applied.capped.clone()
-            };
+            slot.hot().add(x, cost);
+            let p = slot.applied().for_subject(x, now).clone();
             scaled.push((p, cost));
             demand.push(Arc::clone(&slot.offered));
         }
@@ -386,6 +450,23 @@ impl RegionalLimiter {
             applied.ppm
         } else {
             applied.ppm.min(self.shared.settings.floor)
+        };
+        Some(f64::from(ppm) / f64::from(WHOLE))
+    }
+
+    /// The share of `policy` this pod checks `subject` with now (0..=1): the subject's own
+    /// if it is hot, else the policy's.
+    pub fn share_for(&self, policy: &str, subject: &str) -> Option<f64> {
+        let slots = self.shared.slots.read().unwrap_or_else(|p| p.into_inner());
+        let applied = slots.get(policy)?.applied().clone();
+        let ppm = applied
+            .entries
+            .get(&subject_id(subject))
+            .map_or(applied.ppm, |e| e.0);
+        let ppm = if Instant::now() < applied.valid_until {
+            ppm
+        } else {
+            ppm.min(self.shared.settings.floor)
         };
         Some(f64::from(ppm) / f64::from(WHOLE))
     }

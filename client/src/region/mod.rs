@@ -16,6 +16,7 @@
 //!   protocol every quarter period.
 //! - [`RegionalLimiter`]: the check path.
 
+mod hot;
 mod limiter;
 mod record;
 pub mod share;

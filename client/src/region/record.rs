@@ -5,7 +5,12 @@
 //!                                  <policy>:claim  ppm   (see share::Share::claim)
 //!                                  <policy>:share  ppm   (what r's pods use; followers read it)
 //!                                  <policy>:demand f64   (smoothed offered cost per second)
+//!                                  <policy>:s:<subject>  "claim share demand hot": an entry
+//!                                                        (see split), <subject> in 16 hex
 //! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
+//! <prefix>:{region.<r>}:hot      hash, <policy>:<subject> -> offered cost of the pods' busiest
+//!                                subjects since the leader last took them (HINCRBY, then
+//!                                read and deleted at once by the leader)
 //! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
 //! ```
 //!
@@ -15,6 +20,7 @@
 //! record has one writer, a write never half-fails across regions, and a region that
 //! cannot be reached only stops its peers from growing (the safe direction).
 
+use super::split::{Claims, Subject};
 use super::RegionTarget;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -93,6 +99,7 @@ pub(crate) struct RegionStore {
     /// `<prefix>:region:<r>`.
     record_key: String,
     demand_key: String,
+    hot_key: String,
     leader_key: String,
 }
 
@@ -112,6 +119,46 @@ pub(crate) struct Figures {
     pub(crate) demand: Option<f64>,
 }
 
+/// One entry's figures in a record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct EntryFigures {
+    pub(crate) claim: u32,
+    pub(crate) share: u32,
+    pub(crate) demand: f64,
+    pub(crate) hot: bool,
+}
+
+impl EntryFigures {
+    fn parse(v: &str) -> Option<Self> {
+        let mut it = v.split(' ');
+        let claim = it.next()?.parse().ok()?;
+        let share = it.next()?.parse().ok()?;
+        let demand = it.next()?.parse().ok()?;
+        let hot = it.next()? == "1";
+        Some(Self {
+            claim,
+            share,
+            demand,
+            hot,
+        })
+    }
+
+    fn encode(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.claim,
+            self.share,
+            self.demand,
+            u8::from(self.hot)
+        )
+    }
+}
+
+/// The record field of `policy`'s entry for `subject`.
+fn entry_field(policy: &str, subject: Subject) -> String {
+    format!("{policy}:s:{subject:016x}")
+}
+
 /// A record as read: figures by policy name.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Record(HashMap<String, String>);
@@ -125,6 +172,43 @@ impl Record {
             demand: get("demand").and_then(|v| v.parse().ok()),
         }
     }
+
+    /// `policy`'s entries (fields that do not parse are left out: counted at the policy's
+    /// figures, as a missing entry is).
+    pub(crate) fn entries(&self, policy: &str) -> Vec<(Subject, EntryFigures)> {
+        let prefix = format!("{policy}:s:");
+        self.0
+            .iter()
+            .filter_map(|(k, v)| {
+                let x = Subject::from_str_radix(k.strip_prefix(&prefix)?, 16).ok()?;
+                Some((x, EntryFigures::parse(v)?))
+            })
+            .collect()
+    }
+
+    /// The claims this record makes for `policy` (a missing figure counts at `floor`).
+    pub(crate) fn claims(&self, policy: &str, floor: u32) -> Claims {
+        Claims {
+            policy: self.figures(policy).claim.unwrap_or(floor),
+            entries: self
+                .entries(policy)
+                .into_iter()
+                .map(|(x, e)| (x, e.claim))
+                .collect(),
+        }
+    }
+}
+
+/// What the leader publishes for one policy.
+#[derive(Debug)]
+pub(crate) struct Publication<'a> {
+    pub(crate) policy: &'a str,
+    pub(crate) claim: u32,
+    pub(crate) share: u32,
+    pub(crate) demand: f64,
+    pub(crate) entries: Vec<(Subject, EntryFigures)>,
+    /// Entries removed since the last publication.
+    pub(crate) removed: Vec<Subject>,
 }
 
 /// Renews the lease if this pod holds it, takes it if nobody does; 1 if held afterwards.
@@ -172,6 +256,7 @@ impl RegionStore {
         Ok(Self {
             conn,
             demand_key: format!("{record_key}:demand"),
+            hot_key: format!("{record_key}:hot"),
             leader_key: format!("{record_key}:leader"),
             record_key,
         })
@@ -182,6 +267,7 @@ impl RegionStore {
     pub(crate) async fn own_round(
         &self,
         offered: &[(&str, u64)],
+        hot: &[(&str, Subject, u64)],
         pod_id: &str,
         lease: Duration,
         candidate: bool,
@@ -191,6 +277,13 @@ impl RegionStore {
             pipe.cmd("HINCRBY")
                 .arg(&self.demand_key)
                 .arg(*policy)
+                .arg(*n)
+                .ignore();
+        }
+        for (policy, subject, n) in hot {
+            pipe.cmd("HINCRBY")
+                .arg(&self.hot_key)
+                .arg(format!("{policy}:{subject:016x}"))
                 .arg(*n)
                 .ignore();
         }
@@ -215,24 +308,58 @@ impl RegionStore {
         })
     }
 
-    /// Writes this region's figures (the leader only).
-    pub(crate) async fn publish(
-        &self,
-        figures: &[(&str, u32, u32, f64)],
-    ) -> redis::RedisResult<()> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(&self.record_key);
-        for (policy, claim, share, demand) in figures {
-            cmd.arg(format!("{policy}:claim"))
-                .arg(*claim)
-                .arg(format!("{policy}:share"))
-                .arg(*share)
-                .arg(format!("{policy}:demand"))
-                .arg(*demand);
+    /// Writes this region's figures (the leader only), in one transaction: a pod reads a
+    /// record whole, before or after.
+    pub(crate) async fn publish(&self, figures: &[Publication<'_>]) -> redis::RedisResult<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let removed: Vec<String> = figures
+            .iter()
+            .flat_map(|f| f.removed.iter().map(|x| entry_field(f.policy, *x)))
+            .collect();
+        if !removed.is_empty() {
+            pipe.cmd("HDEL").arg(&self.record_key).arg(removed).ignore();
         }
-        cmd.query_async::<i64>(&mut self.conn.live().await?)
-            .await
-            .map(|_| ())
+        let cmd = pipe.cmd("HSET").arg(&self.record_key);
+        for f in figures {
+            cmd.arg(format!("{}:claim", f.policy))
+                .arg(f.claim)
+                .arg(format!("{}:share", f.policy))
+                .arg(f.share)
+                .arg(format!("{}:demand", f.policy))
+                .arg(f.demand);
+            for (x, e) in &f.entries {
+                cmd.arg(entry_field(f.policy, *x)).arg(e.encode());
+            }
+        }
+        cmd.ignore();
+        pipe.query_async::<()>(&mut self.conn.live().await?).await
+    }
+
+    /// Takes the pods' counts of their busiest subjects since the last take (the leader
+    /// only): by policy, offered cost per subject.
+    pub(crate) async fn take_hot(
+        &self,
+    ) -> redis::RedisResult<HashMap<String, Vec<(Subject, u64)>>> {
+        let (counts,): (HashMap<String, u64>,) = redis::pipe()
+            .atomic()
+            .cmd("HGETALL")
+            .arg(&self.hot_key)
+            .cmd("DEL")
+            .arg(&self.hot_key)
+            .ignore()
+            .query_async(&mut self.conn.live().await?)
+            .await?;
+        let mut out: HashMap<String, Vec<(Subject, u64)>> = HashMap::new();
+        for (field, n) in counts {
+            let Some((policy, x)) = field.rsplit_once(':') else {
+                continue;
+            };
+            if let Ok(x) = Subject::from_str_radix(x, 16) {
+                out.entry(policy.to_owned()).or_default().push((x, n));
+            }
+        }
+        Ok(out)
     }
 
     /// Reads a region's record (a peer's, from its own store).

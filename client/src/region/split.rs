@@ -77,6 +77,7 @@ pub(crate) struct Split {
 impl Split {
     /// A region that starts (or restarts without a record) at `share` (the floor), with no
     /// entries.
+    #[cfg(test)]
     pub(crate) fn new(share: u32) -> Self {
         Self {
             policy: Share::new(share),
@@ -120,6 +121,7 @@ impl Split {
     }
 
     /// The share pods use for `subject` (`None`: a subject without an entry).
+    #[cfg(test)]
     pub(crate) fn share_of(&self, subject: Option<Subject>) -> u32 {
         subject
             .and_then(|x| self.entries.get(&x))
@@ -147,18 +149,29 @@ impl Split {
     }
 
     /// New targets: the policy's, and each wanted entry's from `entry_target`; an entry no
-    /// longer wanted is steered to the policy's share, so that it can be removed.
+    /// longer wanted is steered to the policy's share, so that it can be removed. A shrink
+    /// by less than `deadband` is not made (demand noise would otherwise give up quota
+    /// that takes a round to get back).
     pub(crate) fn retarget(
         &mut self,
         policy: u32,
         entry_target: impl Fn(Subject) -> u32,
+        deadband: u32,
         now: Instant,
     ) {
+        let banded = |share: &Share, target: u32| {
+            if target < share.share() && share.share() - target < deadband {
+                share.share()
+            } else {
+                target
+            }
+        };
+        let policy = banded(&self.policy, policy);
         self.policy.retarget(policy, now);
         let policy_share = self.policy.share();
         for (x, e) in &mut self.entries {
             let target = if e.wanted {
-                entry_target(*x)
+                banded(&e.share, entry_target(*x))
             } else {
                 policy_share
             };

@@ -5,15 +5,23 @@
 //! period's worth of rounds weighs the smoothing weight), publish the intent, read the
 //! peers, grow if there is room, publish the claims. Other pods follow the record's shares.
 //!
+//! Hot subjects: each pod counts its busiest subjects per policy ([`super::hot`]) and adds
+//! those with at least [`REPORT_FRACTION`] of its offered cost to the region's `hot` counters;
+//! the leader takes them each round, smooths each subject's rate, marks hot those with at
+//! least [`HOT_FRACTION`] of the region's demand and more than the floor's worth of the
+//! limit (at most [`HOT_MAX`]), tracks those and every subject a peer marks hot, and runs
+//! [`super::split`] for them: each gets a share following its own demand.
+//!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
 //! [`Settings::lease`] after the start of its last successful round trip to its own store,
 //! then at most the floor; the leader keeps its claim for [`Settings::hold`] (a lease and a
 //! tick) after writing a lower share.
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{Record, RegionStore};
-use super::share::{smooth, targets, Share, WHOLE};
-use std::collections::HashMap;
+use super::record::{EntryFigures, Publication, Record, RegionStore};
+use super::share::{smooth, targets, WHOLE};
+use super::split::{Claims, Split, Subject};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -21,6 +29,19 @@ use std::time::{Duration, Instant};
 /// A shrink smaller than this (ppm) is not made: demand noise would otherwise make regions
 /// give up quota they cannot get back before the next period.
 const DEADBAND: u32 = WHOLE / 100;
+
+/// A pod reports a subject with at least this part of its offered cost for a policy.
+const REPORT_FRACTION: f64 = 0.01;
+
+/// A subject is hot in a region with at least this part of the region's demand for the
+/// policy (and more than the floor's worth of the limit: below that any share serves it).
+const HOT_FRACTION: f64 = 0.02;
+
+/// Most subjects a region marks hot per policy; every region tracks the union of them.
+const HOT_MAX: usize = 16;
+
+/// Most subjects' demand a leader keeps smoothed per policy.
+const SUBJECTS_KEPT: usize = 4 * HOT_MAX;
 
 /// The rebalancing settings (see the builder for each).
 #[derive(Debug, Clone)]
@@ -82,8 +103,14 @@ struct Meter {
 
 #[derive(Debug)]
 struct Leading {
-    shares: HashMap<Arc<str>, Share>,
+    splits: HashMap<Arc<str>, Split>,
     meters: HashMap<Arc<str>, Meter>,
+    /// Smoothed offered cost per second of the region's busiest subjects, by policy.
+    subjects: HashMap<Arc<str>, HashMap<Subject, f64>>,
+    /// When the pods' subject counts were last taken.
+    hot_taken: Option<Instant>,
+    /// Entries removed and not yet deleted from the record, by policy.
+    removed: HashMap<Arc<str>, Vec<Subject>>,
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
@@ -126,10 +153,17 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         .map(|(name, slot)| (&**name, slot.offered.swap(0, Relaxed)))
         .filter(|(_, n)| *n > 0)
         .collect();
+    let hot: Vec<(&str, Subject, u64)> = slots
+        .iter()
+        .flat_map(|(name, slot)| {
+            let taken = slot.hot().take(REPORT_FRACTION);
+            taken.into_iter().map(move |(x, n)| (&**name, x, n))
+        })
+        .collect();
     let started = Instant::now();
     let asked = tokio::time::timeout(
         s.timeout(),
-        own.own_round(&offered, pod_id, s.leader_ttl(), true),
+        own.own_round(&offered, &hot, pod_id, s.leader_ttl(), true),
     )
     .await;
     let answer = match asked {
@@ -162,7 +196,13 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         }
         for (name, slot) in &slots {
             let ppm = answer.record.figures(name).share.unwrap_or(s.floor);
-            apply(sh, slot, ppm, valid_until);
+            let entries: Vec<(Subject, u32)> = answer
+                .record
+                .entries(name)
+                .into_iter()
+                .map(|(x, e)| (x, e.share))
+                .collect();
+            apply(sh, slot, ppm, &entries, valid_until);
         }
         return;
     }
@@ -174,20 +214,24 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             "ratelimit: leading the region's rebalancing"
         );
         Leading {
-            shares: HashMap::new(),
+            splits: HashMap::new(),
             meters: HashMap::new(),
+            subjects: HashMap::new(),
+            hot_taken: None,
+            removed: HashMap::new(),
             peers: vec![None; sh.regions],
             renewed_at: started,
         }
     });
     leading.renewed_at = started;
     for (name, _) in &slots {
-        leading.shares.entry(name.clone()).or_insert_with(|| {
+        leading.splits.entry(name.clone()).or_insert_with(|| {
             // A new leader: pods may still use up to what the record claims.
             let f = answer.record.figures(name);
-            Share::restore(
-                f.share.unwrap_or(s.floor),
-                f.claim.unwrap_or(s.floor),
+            let entries = answer.record.entries(name);
+            Split::restore(
+                (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+                entries.into_iter().map(|(x, e)| (x, e.share, e.claim)),
                 now,
                 s.hold(),
             )
@@ -235,11 +279,44 @@ async fn lead(
         meter.last = Some((total, now));
     }
     sh.rebalances.fetch_add(1, Relaxed);
-    for (name, _) in slots {
+    take_hot(sh, &stores[me], slots, l, now).await;
+    for (name, slot) in slots {
+        let Some(split) = l.splits.get_mut(name) else {
+            continue;
+        };
+        let removed = split.prune(now);
+        l.removed.entry(name.clone()).or_default().extend(removed);
+        let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
+        let subjects = l.subjects.get(name);
+        // Hot here: a large part of the region's demand, and more than the floor serves.
+        let least = (own * HOT_FRACTION).max(slot.base.rate() * s.floor_fraction);
+        let mut busiest: Vec<(Subject, f64)> = subjects
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, d)| **d >= least)
+                    .map(|(x, d)| (*x, *d))
+                    .collect()
+            })
+            .unwrap_or_default();
+        busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let hot_here: BTreeSet<Subject> = busiest.iter().take(HOT_MAX).map(|(x, _)| *x).collect();
+        let peer_entries: Vec<Vec<(Subject, EntryFigures)>> = (0..sh.regions)
+            .map(|q| match &l.peers[q] {
+                Some((rec, _)) if q != me => rec.entries(name),
+                _ => Vec::new(),
+            })
+            .collect();
+        let hot_elsewhere: BTreeSet<Subject> = peer_entries
+            .iter()
+            .flatten()
+            .filter(|(_, e)| e.hot)
+            .map(|(x, _)| *x)
+            .collect();
+        split.track(&hot_here, &hot_elsewhere);
         let demands: Vec<f64> = (0..sh.regions)
             .map(|q| {
                 if q == me {
-                    l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0)
+                    own
                 } else {
                     l.peers[q]
                         .as_ref()
@@ -248,16 +325,36 @@ async fn lead(
                 }
             })
             .collect();
-        let target = targets(&demands, s.floor)[me];
-        if let Some(share) = l.shares.get_mut(name) {
-            let keep = target < share.share() && share.share() - target < DEADBAND;
-            share.retarget(if keep { share.share() } else { target }, now);
-        }
+        let policy_target = targets(&demands, s.floor)[me];
+        let entry_target = |x: Subject| {
+            let demands: Vec<f64> = (0..sh.regions)
+                .map(|q| {
+                    if q == me {
+                        subjects.and_then(|m| m.get(&x)).copied().unwrap_or(0.0)
+                    } else {
+                        peer_entries[q]
+                            .iter()
+                            .find(|(y, _)| *y == x)
+                            .map_or(0.0, |(_, e)| e.demand)
+                    }
+                })
+                .collect();
+            targets(&demands, s.floor)[me]
+        };
+        split.retarget(policy_target, entry_target, DEADBAND, now);
     }
     // Phase 1: the intents (and any shrink) published before the peers are read.
-    let intents: Vec<u32> = slots
+    let intents: Vec<Claims> = slots
         .iter()
-        .map(|(name, _)| l.shares.get(name).map_or(s.floor, |x| x.intent(now)))
+        .map(|(name, _)| {
+            l.splits.get(name).map_or_else(
+                || Claims {
+                    policy: s.floor,
+                    entries: Default::default(),
+                },
+                |x| x.intents(now),
+            )
+        })
         .collect();
     if publish(sh, &stores[me], slots, l, Some(&intents)).await {
         // Phase 2: every peer, at once, each with its own timeout.
@@ -268,26 +365,28 @@ async fn lead(
                 l.peers[q] = Some((rec.clone(), read_at));
             }
         }
-        for ((name, _), intent) in slots.iter().zip(&intents) {
-            let others: Vec<Option<u32>> = reads
+        for ((name, _), intents) in slots.iter().zip(&intents) {
+            let peers: Vec<Option<Claims>> = reads
                 .iter()
                 .enumerate()
                 .filter(|(q, _)| *q != me)
-                .map(|(_, r)| {
-                    r.as_ref()
-                        .map(|rec| rec.figures(name).claim.unwrap_or(s.floor))
-                })
+                .map(|(_, r)| r.as_ref().map(|rec| rec.claims(name, s.floor)))
                 .collect();
-            if let Some(share) = l.shares.get_mut(name) {
-                share.grow(*intent, &others);
+            if let Some(split) = l.splits.get_mut(name) {
+                split.grow(intents, &peers);
             }
         }
         // Phase 3: back to claiming what is used.
         publish(sh, &stores[me], slots, l, None).await;
     }
     for (name, slot) in slots {
-        if let Some(share) = l.shares.get(name) {
-            apply(sh, slot, share.share(), valid_until);
+        if let Some(split) = l.splits.get(name) {
+            let entries: Vec<(Subject, u32)> = split
+                .entries()
+                .iter()
+                .map(|(x, e)| (*x, e.share.share()))
+                .collect();
+            apply(sh, slot, split.policy().share(), &entries, valid_until);
         }
     }
     let oldest = l
@@ -303,6 +402,54 @@ async fn lead(
     metrics::gauge!("ratelimit_region_figure_age_seconds", "region" => me.to_string()).set(oldest);
 }
 
+/// Takes the pods' counts of the region's busiest subjects and smooths each subject's rate
+/// (a subject not counted this round counts 0): by policy, at most [`SUBJECTS_KEPT`].
+async fn take_hot(
+    sh: &Shared,
+    own: &RegionStore,
+    slots: &[(Arc<str>, Arc<Slot>)],
+    l: &mut Leading,
+    now: Instant,
+) {
+    let s = &sh.settings;
+    let Ok(Ok(mut taken)) = tokio::time::timeout(s.timeout(), own.take_hot()).await else {
+        return;
+    };
+    // The first take has no start to measure a rate from.
+    let Some(since) = l.hot_taken.replace(now) else {
+        return;
+    };
+    let secs = now.duration_since(since).as_secs_f64().max(1e-3);
+    let periods = (secs / s.period.as_secs_f64()).min(1.0);
+    let weight = 1.0 - (1.0 - s.smoothing).powf(periods);
+    for (name, _) in slots {
+        let counts: HashMap<Subject, u64> = taken
+            .remove(&**name)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let smoothed = l.subjects.entry(name.clone()).or_default();
+        for (x, d) in smoothed.iter_mut() {
+            let rate = counts.get(x).map_or(0.0, |n| *n as f64 / secs);
+            *d = smooth(Some(*d), rate, weight);
+        }
+        // A subject new to the figures starts at its measured rate, as a policy does.
+        for (x, n) in &counts {
+            smoothed.entry(*x).or_insert(*n as f64 / secs);
+        }
+        smoothed.retain(|_, d| *d >= 1e-3);
+        if smoothed.len() > SUBJECTS_KEPT {
+            let mut by_demand: Vec<f64> = smoothed.values().copied().collect();
+            by_demand.sort_by(|a, b| b.total_cmp(a));
+            let least = by_demand
+                .get(SUBJECTS_KEPT.saturating_sub(1))
+                .copied()
+                .unwrap_or(f64::INFINITY);
+            smoothed.retain(|_, d| *d >= least);
+        }
+    }
+}
+
 /// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now.
 /// A write that succeeded starts the hold of any shrink in it.
 async fn publish(
@@ -310,23 +457,40 @@ async fn publish(
     own: &RegionStore,
     slots: &[(Arc<str>, Arc<Slot>)],
     l: &mut Leading,
-    claims: Option<&[u32]>,
+    claims: Option<&[Claims]>,
 ) -> bool {
     let s = &sh.settings;
     let now = Instant::now();
-    let figures: Vec<(&str, u32, u32, f64)> = slots
+    let figures: Vec<Publication<'_>> = slots
         .iter()
         .enumerate()
         .filter_map(|(i, (name, _))| {
-            let share = l.shares.get(name)?;
-            let claim = claims.and_then(|c| c.get(i).copied());
-            let demand = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
-            Some((
-                &**name,
-                claim.unwrap_or_else(|| share.claim(now)),
-                share.share(),
-                demand,
-            ))
+            let split = l.splits.get(name)?;
+            let claims = claims
+                .and_then(|c| c.get(i).cloned())
+                .unwrap_or_else(|| split.claims(now));
+            let subjects = l.subjects.get(name);
+            let entries = split
+                .entries()
+                .iter()
+                .map(|(x, e)| {
+                    let figures = EntryFigures {
+                        claim: claims.of(Some(*x)),
+                        share: e.share.share(),
+                        demand: subjects.and_then(|m| m.get(x)).copied().unwrap_or(0.0),
+                        hot: e.hot,
+                    };
+                    (*x, figures)
+                })
+                .collect();
+            Some(Publication {
+                policy: name,
+                claim: claims.policy,
+                share: split.policy().share(),
+                demand: l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0),
+                entries,
+                removed: l.removed.get(name).cloned().unwrap_or_default(),
+            })
         })
         .collect();
     if figures.is_empty() {
@@ -338,9 +502,10 @@ async fn publish(
     );
     if ok {
         let at = Instant::now();
-        for share in l.shares.values_mut() {
-            share.written(at, s.hold());
+        for split in l.splits.values_mut() {
+            split.written(at, s.hold());
         }
+        l.removed.clear();
     }
     ok
 }
@@ -370,20 +535,33 @@ async fn futures_join(stores: &[RegionStore], me: usize, timeout: Duration) -> V
     out
 }
 
-/// Makes `ppm` the share this pod checks with, until `valid_until`.
-fn apply(sh: &Shared, slot: &Slot, ppm: u32, valid_until: Instant) {
+/// Makes `ppm` the share this pod checks with, and `entries` the hot subjects' own, until
+/// `valid_until`.
+fn apply(sh: &Shared, slot: &Slot, ppm: u32, entries: &[(Subject, u32)], valid_until: Instant) {
     let floor = sh.settings.floor;
     let mut applied = slot.applied();
     if applied.ppm == ppm {
         applied.valid_until = valid_until;
     } else {
         match Applied::at(&slot.base, ppm, floor, valid_until) {
-            Ok(a) => *applied = a,
+            Ok(a) => {
+                *applied = Applied {
+                    entries: std::mem::take(&mut applied.entries),
+                    ..a
+                }
+            }
             // A share so small that the limit is out of range: stay at the old one until
             // its lease runs out, then the floor.
             Err(e) => tracing::warn!(error = %e, "ratelimit: share not applied"),
         }
     }
-    metrics::gauge!("ratelimit_region_share", "region" => sh.region.to_string(), "policy" => slot.base.metric_label())
+    if let Err(e) = applied.set_entries(&slot.base, entries, floor) {
+        // As above: the subjects keep their old shares (or the policy's) until the lease ends.
+        tracing::warn!(error = %e, "ratelimit: a subject's share not applied");
+    }
+    let (region, policy) = (sh.region.to_string(), slot.base.metric_label());
+    metrics::gauge!("ratelimit_region_share", "region" => region.clone(), "policy" => policy.clone())
         .set(f64::from(applied.ppm) / f64::from(WHOLE));
+    metrics::gauge!("ratelimit_region_hot_subjects", "region" => region, "policy" => policy)
+        .set(applied.entries.len() as f64);
 }

@@ -19,7 +19,7 @@ fn set(bits: u8) -> BTreeSet<Subject> {
 fn an_adopted_entry_starts_as_the_policy_share_with_its_holds() {
     let t0 = Instant::now();
     let mut s = Split::new(600_000);
-    s.retarget(200_000, |_| 0, t0);
+    s.retarget(200_000, |_| 0, 0, t0);
     s.track(&set(0b01), &BTreeSet::new());
     let c = s.claims(t0);
     assert_eq!(s.share_of(Some(1)), 200_000);
@@ -32,7 +32,7 @@ fn an_adopted_entry_starts_as_the_policy_share_with_its_holds() {
 fn policy_growth_leaves_room_for_subjects_only_a_peer_tracks() {
     let t0 = Instant::now();
     let mut s = Split::new(FLOOR);
-    s.retarget(800_000, |_| 0, t0);
+    s.retarget(800_000, |_| 0, 0, t0);
     let intents = s.intents(t0);
     // The peer claims little policy-wide, but 900k for subject 7, which we do not track.
     let peer = Claims {
@@ -43,7 +43,7 @@ fn policy_growth_leaves_room_for_subjects_only_a_peer_tracks() {
     assert_eq!(s.policy().share(), 100_000, "capped by subject 7");
     // Once tracked here, subject 7 has its own entry and the policy grows.
     s.track(&BTreeSet::new(), &[7].into());
-    s.retarget(800_000, |_| FLOOR, t0);
+    s.retarget(800_000, |_| FLOOR, 0, t0);
     let intents = s.intents(t0);
     s.grow(&intents, &[Some(peer)]);
     assert_eq!(s.policy().share(), 800_000);
@@ -55,7 +55,7 @@ fn entry_growth_counts_a_peers_policy_claim_where_it_has_no_entry() {
     let t0 = Instant::now();
     let mut s = Split::new(FLOOR);
     s.track(&[3].into(), &BTreeSet::new());
-    s.retarget(FLOOR, |_| 900_000, t0);
+    s.retarget(FLOOR, |_| 900_000, 0, t0);
     let intents = s.intents(t0);
     let peer = Claims {
         policy: 300_000,
@@ -82,12 +82,12 @@ fn an_entry_nobody_wants_follows_the_policy_and_then_goes() {
     let t0 = Instant::now();
     let mut s = Split::new(300_000);
     s.track(&[5].into(), &BTreeSet::new());
-    s.retarget(300_000, |_| 100_000, t0);
+    s.retarget(300_000, |_| 100_000, 0, t0);
     s.written(t0, HOLD);
     assert_eq!(s.share_of(Some(5)), 100_000);
     // Cold everywhere: steered back up to the policy's share, which is a growth.
     s.track(&BTreeSet::new(), &BTreeSet::new());
-    s.retarget(300_000, |_| 100_000, t0 + HOLD);
+    s.retarget(300_000, |_| 100_000, 0, t0 + HOLD);
     assert!(
         s.prune(t0 + HOLD).is_empty(),
         "below the policy's share yet"
@@ -241,7 +241,7 @@ impl World {
             Op::Retarget(r, p, a, b) => {
                 self.regions[r]
                     .leader
-                    .retarget(p, |x| if x == 1 { a } else { b }, now);
+                    .retarget(p, |x| if x == 1 { a } else { b }, 0, now);
             }
             Op::Prune(r) => {
                 self.regions[r].leader.prune(now);
