@@ -8,14 +8,14 @@
 //! many subjects reports nearly nothing, one with a busy subject reports it.
 
 use super::split::Subject;
-use std::collections::HashMap;
 
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct HotCounter {
     capacity: usize,
-    /// Subject -> (count, error).
-    counts: HashMap<Subject, (u64, u64)>,
+    /// (subject, count, error): a short array, searched linearly (it fits in a few cache
+    /// lines, and the subjects are hashes already).
+    counts: Vec<(Subject, u64, u64)>,
     total: u64,
 }
 
@@ -24,30 +24,25 @@ impl HotCounter {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            counts: HashMap::with_capacity(capacity.max(1)),
+            counts: Vec::with_capacity(capacity.max(1)),
             total: 0,
         }
     }
 
     /// Counts `n` for `subject`.
     pub(crate) fn add(&mut self, subject: Subject, n: u64) {
-        self.total += n;
-        if let Some((count, _)) = self.counts.get_mut(&subject) {
-            *count += n;
+        self.total = self.total.saturating_add(n);
+        if let Some(e) = self.counts.iter_mut().find(|e| e.0 == subject) {
+            e.1 = e.1.saturating_add(n);
             return;
         }
         if self.counts.len() < self.capacity {
-            self.counts.insert(subject, (n, 0));
+            self.counts.push((subject, n, 0));
             return;
         }
-        let least = self
-            .counts
-            .iter()
-            .min_by_key(|(_, (count, _))| *count)
-            .map(|(x, (count, _))| (*x, *count));
-        if let Some((x, min)) = least {
-            self.counts.remove(&x);
-            self.counts.insert(subject, (min + n, min));
+        if let Some(least) = self.counts.iter_mut().min_by_key(|e| e.1) {
+            let min = least.1;
+            *least = (subject, min.saturating_add(n), min);
         }
     }
 
@@ -57,8 +52,8 @@ impl HotCounter {
         let least = (self.total as f64 * fraction).max(1.0);
         let out = self
             .counts
-            .drain()
-            .map(|(x, (count, error))| (x, count - error))
+            .drain(..)
+            .map(|(x, count, error)| (x, count - error))
             .filter(|(_, n)| *n as f64 >= least)
             .collect();
         self.total = 0;

@@ -124,24 +124,31 @@ impl Applied {
     }
 
     /// Hot subjects' shares: `entries` replaces the ones before (kept where unchanged).
+    /// A share whose limit is out of range is applied at most at the floor, which every
+    /// region's claim covers (no share is ever below it). Returns whether all applied.
     pub(crate) fn set_entries(
         &mut self,
         base: &Policy,
         entries: &[(Subject, u32)],
         floor: u32,
-    ) -> Result<(), Error> {
+    ) -> bool {
+        let mut all = true;
         let mut next = HashMap::with_capacity(entries.len());
         for &(x, ppm) in entries {
-            match self.entries.remove(&x) {
-                Some(e) if e.0 == ppm => next.insert(x, e),
-                _ => {
-                    let (policy, capped) = scale(base, ppm, floor)?;
-                    next.insert(x, (ppm, policy, capped))
-                }
+            let entry = match self.entries.get(&x) {
+                Some(e) if e.0 == ppm => e.clone(),
+                _ => match scale(base, ppm, floor) {
+                    Ok((policy, capped)) => (ppm, policy, capped),
+                    Err(_) => {
+                        all = false;
+                        (ppm.min(floor), self.capped.clone(), self.capped.clone())
+                    }
+                },
             };
+            next.insert(x, entry);
         }
         self.entries = next;
-        Ok(())
+        all
     }
 
     /// The policy to check `subject` with at `now`.
@@ -248,6 +255,17 @@ impl RegionalBuilder {
     /// region's share ÷ its live pods. A region on a cluster keeps the configured count.
     pub fn live_pods(mut self, ttl: Duration) -> Self {
         self.live_pods = Some(ttl);
+        self
+    }
+
+    /// Most subjects this region marks hot per policy, each then getting a share of its own
+    /// in every region (default 16; 0 turns per-subject shares off). Every pod of every
+    /// region must run a version that knows per-subject shares before any region marks a
+    /// subject hot: an older pod would check a hot subject at the policy's share while its
+    /// region claims the subject's. Upgrading from one: 0 everywhere until all pods run
+    /// this one.
+    pub fn hot_subjects(mut self, max: usize) -> Self {
+        self.settings.hot_max = max;
         self
     }
 

@@ -173,30 +173,41 @@ impl Record {
         }
     }
 
-    /// `policy`'s entries (fields that do not parse are left out: counted at the policy's
-    /// figures, as a missing entry is).
-    pub(crate) fn entries(&self, policy: &str) -> Vec<(Subject, EntryFigures)> {
+    /// `policy`'s entries; `None` if any of its entry fields does not parse as this code
+    /// writes it (16 lowercase hex digits, four figures): such a record is not trusted,
+    /// since a dropped entry would read as the policy's claim, which may be lower.
+    pub(crate) fn entries(&self, policy: &str) -> Option<Vec<(Subject, EntryFigures)>> {
         let prefix = format!("{policy}:s:");
-        self.0
-            .iter()
-            .filter_map(|(k, v)| {
-                let x = Subject::from_str_radix(k.strip_prefix(&prefix)?, 16).ok()?;
-                Some((x, EntryFigures::parse(v)?))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (k, v) in &self.0 {
+            let Some(x) = k.strip_prefix(&prefix) else {
+                continue;
+            };
+            out.push((parse_subject(x)?, EntryFigures::parse(v)?));
+        }
+        Some(out)
     }
 
-    /// The claims this record makes for `policy` (a missing figure counts at `floor`).
-    pub(crate) fn claims(&self, policy: &str, floor: u32) -> Claims {
-        Claims {
+    /// The claims this record makes for `policy` (a missing figure counts at `floor`);
+    /// `None` if its entries cannot be read (then the peer counts as unreadable: rule 3).
+    pub(crate) fn claims(&self, policy: &str, floor: u32) -> Option<Claims> {
+        Some(Claims {
             policy: self.figures(policy).claim.unwrap_or(floor),
             entries: self
-                .entries(policy)
+                .entries(policy)?
                 .into_iter()
                 .map(|(x, e)| (x, e.claim))
                 .collect(),
-        }
+        })
     }
+}
+
+/// A subject as written in a field: exactly 16 lowercase hex digits.
+fn parse_subject(x: &str) -> Option<Subject> {
+    let canonical = x.len() == 16 && x.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    canonical
+        .then(|| Subject::from_str_radix(x, 16).ok())
+        .flatten()
 }
 
 /// What the leader publishes for one policy.
@@ -284,7 +295,7 @@ impl RegionStore {
             pipe.cmd("HINCRBY")
                 .arg(&self.hot_key)
                 .arg(format!("{policy}:{subject:016x}"))
-                .arg(*n)
+                .arg((*n).min(i64::MAX as u64))
                 .ignore();
         }
         if candidate {
@@ -355,7 +366,7 @@ impl RegionStore {
             let Some((policy, x)) = field.rsplit_once(':') else {
                 continue;
             };
-            if let Ok(x) = Subject::from_str_radix(x, 16) {
+            if let Some(x) = parse_subject(x) {
                 out.entry(policy.to_owned()).or_default().push((x, n));
             }
         }
@@ -369,5 +380,49 @@ impl RegionStore {
             .query_async::<HashMap<String, String>>(&mut self.conn.live().await?)
             .await
             .map(Record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(fields: &[(&str, &str)]) -> Record {
+        Record(
+            fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn entries_round_trip_and_a_bad_one_distrusts_the_record() {
+        let e = EntryFigures {
+            claim: 700_000,
+            share: 650_000,
+            demand: 12.5,
+            hot: true,
+        };
+        let field = entry_field("api", 0xab);
+        assert_eq!(field, "api:s:00000000000000ab");
+        let good = record(&[("api:claim", "300000"), (&field, &e.encode())]);
+        assert_eq!(good.entries("api"), Some(vec![(0xab, e)]));
+        let claims = good.claims("api", 50_000).unwrap();
+        assert_eq!((claims.policy, claims.of(Some(0xab))), (300_000, 700_000));
+        // Not as written here: upper case, short, signed, or a value missing a figure.
+        for (k, v) in [
+            ("api:s:00000000000000AB", "1 1 1 1"),
+            ("api:s:ab", "1 1 1 1"),
+            ("api:s:+0000000000000ab", "1 1 1 1"),
+            ("api:s:00000000000000ab", "1 1 1"),
+        ] {
+            let bad = record(&[("api:claim", "300000"), (k, v)]);
+            assert_eq!(bad.entries("api"), None, "{k} = {v}");
+            assert_eq!(bad.claims("api", 50_000), None, "{k} = {v}");
+        }
+        // Another policy's bad field says nothing of this one.
+        let other = record(&[("api:claim", "300000"), ("web:s:zz", "x")]);
+        assert_eq!(other.entries("api"), Some(Vec::new()));
     }
 }

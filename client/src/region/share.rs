@@ -129,6 +129,15 @@ impl Share {
         }
     }
 
+    /// Takes over `other`'s holds that still count: what pods may still use of a share
+    /// folded into this one (a subject's entry removed into its policy's share) stays
+    /// claimed here for as long as it would have been there.
+    pub fn absorb(&mut self, other: &Share, now: Instant) {
+        self.holds.retain(|h| h.counts(now));
+        self.holds
+            .extend(other.holds.iter().filter(|h| h.counts(now)).copied());
+    }
+
     /// Phase 1 of a growth (rule 2): the claim to publish before reading the others.
     pub fn intent(&self, now: Instant) -> u32 {
         self.claim(now).max(self.target)

@@ -21,7 +21,8 @@
 //!    marks hot, so this caps the policy only for the round until it adopts the entry.
 //! 6. *Entries change nothing when they come and go*: an entry starts as a copy of the
 //!    policy's share (same share, same holds), and is removed only once no region marks
-//!    its subject hot, its share equals the policy's and its claim is no higher.
+//!    its subject hot (as last read) and its share equals the policy's; its holds then
+//!    move into the policy's share, so the claim for the subject never drops early.
 //!
 //! Why it holds: fix a subject `x`. What a region's pods use for `x` changes only through
 //! the growth of `x`'s entry there (rule 4) or of the policy share while `x` has no entry
@@ -86,11 +87,11 @@ impl Split {
     }
 
     /// A new leader's split from its own record: each share with its claim held for `hold`
-    /// (pods may still use up to the claim). Restored entries are not wanted until the
-    /// next [`track`](Self::track) says so.
+    /// (pods may still use up to the claim), each entry as hot as the record says until
+    /// the next [`track`](Self::track).
     pub(crate) fn restore(
         policy: (u32, u32),
-        entries: impl IntoIterator<Item = (Subject, u32, u32)>,
+        entries: impl IntoIterator<Item = (Subject, u32, u32, bool)>,
         now: Instant,
         hold: Duration,
     ) -> Self {
@@ -98,11 +99,11 @@ impl Split {
             policy: Share::restore(policy.0, policy.1, now, hold),
             entries: entries
                 .into_iter()
-                .map(|(x, share, claim)| {
+                .map(|(x, share, claim, hot)| {
                     let entry = Entry {
                         share: Share::restore(share, claim, now, hold),
-                        hot: false,
-                        wanted: false,
+                        hot,
+                        wanted: hot,
                     };
                     (x, entry)
                 })
@@ -234,17 +235,20 @@ impl Split {
     }
 
     /// Removes the entries rule 6 lets go; returns them (their fields leave the record).
+    /// An entry's holds outlive it in the policy's share: the policy's own holds may end
+    /// sooner, and the region's claim for the subject is the policy's from now on.
     pub(crate) fn prune(&mut self, now: Instant) -> Vec<Subject> {
         let share = self.policy.share();
-        let claim = self.policy.claim(now);
         let gone: Vec<Subject> = self
             .entries
             .iter()
-            .filter(|(_, e)| !e.wanted && e.share.share() == share && e.share.claim(now) <= claim)
+            .filter(|(_, e)| !e.wanted && e.share.share() == share)
             .map(|(x, _)| *x)
             .collect();
         for x in &gone {
-            self.entries.remove(x);
+            if let Some(e) = self.entries.remove(x) {
+                self.policy.absorb(&e.share, now);
+            }
         }
         gone
     }

@@ -8,8 +8,8 @@
 //! Hot subjects: each pod counts its busiest subjects per policy ([`super::hot`]) and adds
 //! those with at least [`REPORT_FRACTION`] of its offered cost to the region's `hot` counters;
 //! the leader takes them each round, smooths each subject's rate, marks hot those with at
-//! least [`HOT_FRACTION`] of the region's demand and more than the floor's worth of the
-//! limit (at most [`HOT_MAX`]), tracks those and every subject a peer marks hot, and runs
+//! least [`HOT_FRACTION`] of the region's demand and at least the floor's worth of the
+//! limit (at most [`HOT_MAX`] by default), tracks those and every subject a peer marks hot, and runs
 //! [`super::split`] for them: each gets a share following its own demand.
 //!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
@@ -37,11 +37,9 @@ const REPORT_FRACTION: f64 = 0.01;
 /// policy (and more than the floor's worth of the limit: below that any share serves it).
 const HOT_FRACTION: f64 = 0.02;
 
-/// Most subjects a region marks hot per policy; every region tracks the union of them.
-const HOT_MAX: usize = 16;
-
-/// Most subjects' demand a leader keeps smoothed per policy.
-const SUBJECTS_KEPT: usize = 4 * HOT_MAX;
+/// Most subjects a region marks hot per policy, by default; every region tracks the union
+/// of them.
+pub(crate) const HOT_MAX: usize = 16;
 
 /// The rebalancing settings (see the builder for each).
 #[derive(Debug, Clone)]
@@ -53,6 +51,8 @@ pub(crate) struct Settings {
     pub(crate) smoothing: f64,
     pub(crate) timeout: Option<Duration>,
     pub(crate) prefix: String,
+    /// Most subjects this region marks hot per policy (0: none, per-subject shares off).
+    pub(crate) hot_max: usize,
 }
 
 impl Default for Settings {
@@ -64,6 +64,7 @@ impl Default for Settings {
             smoothing: 0.5,
             timeout: None,
             prefix: "rl".into(),
+            hot_max: HOT_MAX,
         }
     }
 }
@@ -195,13 +196,14 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             step_down(sh, state);
         }
         for (name, slot) in &slots {
-            let ppm = answer.record.figures(name).share.unwrap_or(s.floor);
-            let entries: Vec<(Subject, u32)> = answer
-                .record
-                .entries(name)
-                .into_iter()
-                .map(|(x, e)| (x, e.share))
-                .collect();
+            // A record whose entries cannot be read: the floor for every subject.
+            let (ppm, entries) = match answer.record.entries(name) {
+                Some(entries) => (
+                    answer.record.figures(name).share.unwrap_or(s.floor),
+                    entries.into_iter().map(|(x, e)| (x, e.share)).collect(),
+                ),
+                None => (s.floor, Vec::new()),
+            };
             apply(sh, slot, ppm, &entries, valid_until);
         }
         return;
@@ -225,17 +227,25 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     });
     leading.renewed_at = started;
     for (name, _) in &slots {
-        leading.splits.entry(name.clone()).or_insert_with(|| {
-            // A new leader: pods may still use up to what the record claims.
-            let f = answer.record.figures(name);
-            let entries = answer.record.entries(name);
-            Split::restore(
-                (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
-                entries.into_iter().map(|(x, e)| (x, e.share, e.claim)),
-                now,
-                s.hold(),
-            )
-        });
+        if leading.splits.contains_key(name) {
+            continue;
+        }
+        // A new leader: pods may still use up to what the record claims, and the subjects'
+        // demand it published stands until the next figures come (or every entry would
+        // look cold for a round and collapse to the policy's share).
+        let f = answer.record.figures(name);
+        let entries = answer.record.entries(name).unwrap_or_default();
+        leading.subjects.insert(
+            name.clone(),
+            entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
+        );
+        let split = Split::restore(
+            (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+            entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+            now,
+            s.hold(),
+        );
+        leading.splits.insert(name.clone(), split);
     }
     lead(sh, stores, &slots, &answer.offered, leading, valid_until).await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
@@ -299,10 +309,10 @@ async fn lead(
             })
             .unwrap_or_default();
         busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let hot_here: BTreeSet<Subject> = busiest.iter().take(HOT_MAX).map(|(x, _)| *x).collect();
+        let hot_here: BTreeSet<Subject> = busiest.iter().take(s.hot_max).map(|(x, _)| *x).collect();
         let peer_entries: Vec<Vec<(Subject, EntryFigures)>> = (0..sh.regions)
             .map(|q| match &l.peers[q] {
-                Some((rec, _)) if q != me => rec.entries(name),
+                Some((rec, _)) if q != me => rec.entries(name).unwrap_or_default(),
                 _ => Vec::new(),
             })
             .collect();
@@ -370,7 +380,7 @@ async fn lead(
                 .iter()
                 .enumerate()
                 .filter(|(q, _)| *q != me)
-                .map(|(_, r)| r.as_ref().map(|rec| rec.claims(name, s.floor)))
+                .map(|(_, r)| r.as_ref().and_then(|rec| rec.claims(name, s.floor)))
                 .collect();
             if let Some(split) = l.splits.get_mut(name) {
                 split.grow(intents, &peers);
@@ -403,7 +413,7 @@ async fn lead(
 }
 
 /// Takes the pods' counts of the region's busiest subjects and smooths each subject's rate
-/// (a subject not counted this round counts 0): by policy, at most [`SUBJECTS_KEPT`].
+/// (a subject not counted this round counts 0): by policy, at most four times the hot ones.
 async fn take_hot(
     sh: &Shared,
     own: &RegionStore,
@@ -438,13 +448,11 @@ async fn take_hot(
             smoothed.entry(*x).or_insert(*n as f64 / secs);
         }
         smoothed.retain(|_, d| *d >= 1e-3);
-        if smoothed.len() > SUBJECTS_KEPT {
+        let kept = 4 * s.hot_max.max(1);
+        if smoothed.len() > kept {
             let mut by_demand: Vec<f64> = smoothed.values().copied().collect();
             by_demand.sort_by(|a, b| b.total_cmp(a));
-            let least = by_demand
-                .get(SUBJECTS_KEPT.saturating_sub(1))
-                .copied()
-                .unwrap_or(f64::INFINITY);
+            let least = by_demand.get(kept - 1).copied().unwrap_or(f64::INFINITY);
             smoothed.retain(|_, d| *d >= least);
         }
     }
@@ -555,9 +563,8 @@ fn apply(sh: &Shared, slot: &Slot, ppm: u32, entries: &[(Subject, u32)], valid_u
             Err(e) => tracing::warn!(error = %e, "ratelimit: share not applied"),
         }
     }
-    if let Err(e) = applied.set_entries(&slot.base, entries, floor) {
-        // As above: the subjects keep their old shares (or the policy's) until the lease ends.
-        tracing::warn!(error = %e, "ratelimit: a subject's share not applied");
+    if !applied.set_entries(&slot.base, entries, floor) {
+        tracing::warn!("ratelimit: a subject's share out of range, applied at the floor");
     }
     let (region, policy) = (sh.region.to_string(), slot.base.metric_label());
     metrics::gauge!("ratelimit_region_share", "region" => region.clone(), "policy" => policy.clone())

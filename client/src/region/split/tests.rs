@@ -318,7 +318,7 @@ impl World {
                         (rec.policy, rec.claims.policy),
                         rec.entries
                             .iter()
-                            .map(|(x, share)| (*x, *share, rec.claims.of(Some(*x)))),
+                            .map(|(x, share)| (*x, *share, rec.claims.of(Some(*x)), x % 2 == 0)),
                         now,
                         HOLD,
                     ),
@@ -386,10 +386,11 @@ fn subjects_busy_in_different_regions_converge_to_their_own_splits() {
     assert_eq!(shares(None), policy);
 }
 
-/// Rule 6's claim condition: an entry that shrank to the policy's share is not removed
-/// while its hold lasts, or a peer could grow into quota a pod here still uses.
+/// Rule 6's hold transfer: an entry that shrank to the policy's share and went cold is
+/// removed, but its claim stays held in the policy's, or a peer could grow into quota a
+/// pod here still uses.
 #[test]
-fn an_entry_is_not_removed_while_its_claim_is_held() {
+fn a_removed_entrys_claim_stays_held() {
     let mut w = World::new(2);
     let hold_ms = HOLD.as_millis() as u64;
     // Region 0's subject 1 grows to 800k; a follower reads it.
@@ -400,15 +401,13 @@ fn an_entry_is_not_removed_while_its_claim_is_held() {
     w.apply(&Op::Apply(0));
     assert_eq!(w.regions[0].leader.share_of(Some(1)), 800_000);
     w.apply(&Op::Fetch(0, 0));
-    // It shrinks back to the policy's share and goes cold.
+    // It shrinks back to the policy's share and goes cold: removed, its hold kept.
     w.apply(&Op::Retarget(0, 300_000, 300_000, FLOOR));
     w.apply(&Op::Publish(0));
     w.apply(&Op::Track(0, 0, 0));
     w.apply(&Op::Prune(0));
-    assert!(
-        w.regions[0].leader.entries().contains_key(&1),
-        "held: not removed yet"
-    );
+    assert!(w.regions[0].leader.entries().is_empty());
+    assert_eq!(w.regions[0].leader.claims(w.now).of(Some(1)), 800_000);
     w.apply(&Op::Publish(0));
     // Region 1 wants subject 1: it may only grow into what region 0 still claims for it.
     w.apply(&Op::Track(1, 0b01, 0));
@@ -417,8 +416,48 @@ fn an_entry_is_not_removed_while_its_claim_is_held() {
     w.apply(&Op::Read(1, 0, true));
     w.apply(&Op::Apply(1));
     assert!(w.in_use(Some(1)) <= u64::from(WHOLE));
-    // After the hold, it goes.
+    // After the hold, the claim is the policy's.
     w.apply(&Op::Advance(hold_ms));
+    assert_eq!(w.regions[0].leader.claims(w.now).of(Some(1)), 300_000);
+}
+
+/// Rule 6 when the policy's own hold ends before the entry's: the entry's hold moves into
+/// the policy's share on removal (found in review: a one-instant claim comparison let the
+/// region's claim for the subject drop while a follower still used the entry's share).
+#[test]
+fn a_removed_entrys_hold_outlives_an_earlier_policy_hold() {
+    let mut w = World::new(2);
+    // Policy at 600k, subject 1's entry at 500k (grown while region 1 had no record).
+    w.apply(&Op::Retarget(0, 600_000, 500_000, FLOOR));
+    w.apply(&Op::Track(0, 0b01, 0));
+    w.apply(&Op::Retarget(0, 600_000, 500_000, FLOOR));
+    w.apply(&Op::BeginGrow(0));
+    w.apply(&Op::Read(0, 1, true));
+    w.apply(&Op::Apply(0));
+    w.apply(&Op::Advance(600));
+    // The policy shrinks to 300k (held until +500 ms).
+    w.apply(&Op::Retarget(0, 300_000, 500_000, FLOOR));
+    w.apply(&Op::Publish(0));
+    w.apply(&Op::Advance(100));
+    // A follower reads the entry at 500k; then it shrinks to 300k and goes cold.
+    w.apply(&Op::Fetch(0, 0));
+    w.apply(&Op::Retarget(0, 300_000, 300_000, FLOOR));
+    w.apply(&Op::Publish(0));
+    w.apply(&Op::Track(0, 0, 0));
     w.apply(&Op::Prune(0));
-    assert!(!w.regions[0].leader.entries().contains_key(&1));
+    assert!(w.regions[0].leader.entries().is_empty(), "removed");
+    w.apply(&Op::Publish(0));
+    // After the policy's own hold, before the entry's.
+    w.apply(&Op::Advance(450));
+    w.apply(&Op::Publish(0));
+    w.apply(&Op::Track(1, 0b01, 0));
+    w.apply(&Op::Retarget(1, FLOOR, WHOLE, FLOOR));
+    w.apply(&Op::BeginGrow(1));
+    w.apply(&Op::Read(1, 0, true));
+    w.apply(&Op::Apply(1));
+    assert!(
+        w.in_use(Some(1)) <= u64::from(WHOLE),
+        "{} in use for subject 1",
+        w.in_use(Some(1))
+    );
 }
