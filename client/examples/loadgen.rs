@@ -22,7 +22,9 @@
 //! `allowed_bound` = burst + limit / period × elapsed seconds.
 //!
 //! Also reported: the load generator's own CPU per check (user and system, from
-//! `/proc/self/stat`, all threads) and, on a single server, the server's CPU per call (`INFO
+//! `/proc/self/stat`, all threads), the part of it its pacing thread spent (waking every
+//! ~50 µs to hand the runtime the checks that fell due: load generation, not the client;
+//! a closed-loop C client has none), and, on a single server, the server's CPU per call (`INFO
 //! cpu` delta over `RL.CHECKALL` calls), for comparison with a C client's.
 
 use hdrhistogram::Histogram;
@@ -219,15 +221,16 @@ async fn run(a: Args) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
     let rate = a.rate;
     let pacer = std::thread::spawn(move || {
+        let cpu_before = thread_cpu();
         let mut launched: u64 = 0;
         loop {
             let elapsed = started.elapsed();
             if elapsed >= end {
-                return launched;
+                return (launched, thread_cpu().since(cpu_before));
             }
             let due = (elapsed.as_secs_f64() * rate as f64) as u64;
             if due > launched && tx.send((launched, due)).is_err() {
-                return launched;
+                return (launched, thread_cpu().since(cpu_before));
             }
             launched = launched.max(due);
             std::thread::sleep(Duration::from_micros(50));
@@ -263,7 +266,7 @@ async fn run(a: Args) {
             });
         }
     }
-    let launched = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+    let (launched, pacer_cpu) = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
         .await
         .expect("pacer");
     while done.load(Relaxed) < launched {
@@ -315,7 +318,8 @@ async fn run(a: Args) {
             "\"checks_per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
             "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1},",
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
-            "\"client_sys_us_per_check\":{:.2},\"server_cpu_us_per_call\":{}{}}}"
+            "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
+            "\"server_cpu_us_per_call\":{}{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -339,6 +343,7 @@ async fn run(a: Args) {
         cpu.total_us() / n(&c.checks).max(1) as f64,
         cpu.user_us / n(&c.checks).max(1) as f64,
         cpu.sys_us / n(&c.checks).max(1) as f64,
+        pacer_cpu.total_us() / n(&c.checks).max(1) as f64,
         server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
         regional,
     );
@@ -435,10 +440,19 @@ impl Cpu {
 }
 
 fn process_cpu() -> Cpu {
+    cpu_of("/proc/self/stat")
+}
+
+/// The calling thread's CPU time so far (`/proc/thread-self/stat`, Linux).
+fn thread_cpu() -> Cpu {
+    cpu_of("/proc/thread-self/stat")
+}
+
+fn cpu_of(stat: &str) -> Cpu {
     // Fields 14 and 15 (utime, stime) in clock ticks, after the parenthesised command name;
     // Linux reports them at USER_HZ = 100.
     const US_PER_TICK: f64 = 10_000.0;
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
