@@ -55,6 +55,7 @@
 //!   `ratelimit_region_hot_subjects{region, policy}`; live pods ([`pods`]):
 //!   `ratelimit_live_pods`.
 
+mod background;
 mod breaker;
 mod cluster;
 mod decision;

@@ -7,7 +7,8 @@
 //! path). The count is handed to the [`Limiter`] ([`Limiter::set_pods`]); while the store
 //! cannot be reached, the last known count is kept. With regions, use one set per region
 //! in the region's own store ([`LivePodsBuilder::key`]): the fallback is then the region's
-//! share ÷ the region's live pods.
+//! share ÷ the region's live pods. The store may be a cluster
+//! ([`LivePods::cluster_builder`]): the set is one key, on its own slot.
 //!
 //! ```no_run
 //! # use redis_ratelimit_client::{Limiter, pods::LivePods};
@@ -19,8 +20,9 @@
 //! # Ok(()) }
 //! ```
 
+use crate::background::BackgroundConn;
+use crate::region::RegionTarget;
 use crate::{Error, Limiter};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +49,7 @@ pub struct LivePods {
 
 #[derive(Debug)]
 struct Shared {
-    url: String,
+    conn: BackgroundConn,
     id: String,
     key: String,
     /// 0: not known yet.
@@ -58,7 +60,7 @@ struct Shared {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct LivePodsBuilder {
-    url: String,
+    target: RegionTarget,
     key: String,
     id: Option<String>,
     ttl: Duration,
@@ -100,16 +102,10 @@ impl LivePodsBuilder {
     /// Starts beating and feeding the count to `limiter`. Must be called within a Tokio
     /// runtime; does not wait for the store.
     pub fn start(self, limiter: &Limiter) -> Result<LivePods, Error> {
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|e| Error::Config(e.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(self.timeout);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
+        let conn = BackgroundConn::open(&self.target, self.timeout)
             .map_err(|e| Error::Config(e.to_string()))?;
         let shared = Arc::new(Shared {
-            url: self.url,
+            conn,
             id: self
                 .id
                 .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>())),
@@ -122,7 +118,6 @@ impl LivePodsBuilder {
             .max(Duration::from_millis(5));
         let task = tokio::spawn(beat(
             shared.clone(),
-            conn,
             limiter.clone(),
             self.ttl,
             interval,
@@ -135,8 +130,20 @@ impl LivePodsBuilder {
 impl LivePods {
     /// Beats into the store at `url`.
     pub fn builder(url: impl Into<String>) -> LivePodsBuilder {
+        Self::builder_for(RegionTarget::Server(url.into()))
+    }
+
+    /// Beats into a cluster, reached through any of `urls`.
+    pub fn cluster_builder(urls: impl IntoIterator<Item = impl Into<String>>) -> LivePodsBuilder {
+        Self::builder_for(RegionTarget::Cluster(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Beats into `target`: a server or a cluster.
+    pub fn builder_for(target: RegionTarget) -> LivePodsBuilder {
         LivePodsBuilder {
-            url: url.into(),
+            target,
             key: "rl:pods".into(),
             id: None,
             ttl: Duration::from_secs(10),
@@ -161,11 +168,8 @@ impl LivePods {
     /// Stops beating and removes this pod from the set (a graceful shutdown).
     pub async fn leave(self) {
         self.task.abort();
-        let Ok(client) = redis::Client::open(self.shared.url.as_str()) else {
-            return;
-        };
         let removed = async {
-            let mut c = client.get_multiplexed_async_connection().await?;
+            let mut c = self.shared.conn.live().await?;
             redis::cmd("ZREM")
                 .arg(&self.shared.key)
                 .arg(&self.shared.id)
@@ -184,7 +188,6 @@ impl Drop for LivePods {
 
 async fn beat(
     shared: Arc<Shared>,
-    mut conn: ConnectionManager,
     limiter: Limiter,
     ttl: Duration,
     interval: Duration,
@@ -198,7 +201,10 @@ async fn beat(
             .arg(&shared.key)
             .arg(&shared.id)
             .arg(ttl_ms);
-        let counted = cmd.query_async::<u64>(&mut conn);
+        let counted = async {
+            let mut conn = shared.conn.live().await?;
+            cmd.query_async::<u64>(&mut conn).await
+        };
         match tokio::time::timeout(timeout, counted).await {
             Ok(Ok(n)) if n > 0 => {
                 if shared.count.swap(n, Relaxed) != n {

@@ -88,3 +88,43 @@ async fn last_count_kept_while_the_store_is_unreachable() {
         "count lost while unreachable: {counts:?}"
     );
 }
+
+/// The same on a cluster: the set is one key on its own slot, reached through redis-rs'
+/// cluster client from any of the nodes' URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_on_a_cluster() {
+    let nodes = start_cluster(Flavor::Valkey);
+    let urls: Vec<String> = nodes.iter().map(Server::url).collect();
+    let mut pods: Vec<_> = (0..3)
+        .map(|_| {
+            let l = Limiter::cluster_builder(urls.clone()).build().unwrap();
+            let p = LivePods::cluster_builder(urls.clone())
+                .ttl(TTL)
+                .interval(INTERVAL)
+                .start(&l)
+                .unwrap();
+            (l, p)
+        })
+        .collect();
+    let all_three = until(TTL + SLACK, || {
+        pods.iter()
+            .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
+    })
+    .await;
+    let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+    assert!(all_three, "{counts:?}");
+    drop(pods.pop());
+    let two = until(TTL + INTERVAL + SLACK, || {
+        pods.iter().all(|(_, p)| p.count() == Some(2))
+    })
+    .await;
+    assert!(
+        two,
+        "{:?}",
+        pods.iter().map(|(_, p)| p.count()).collect::<Vec<_>>()
+    );
+    let (_, leaving) = pods.pop().unwrap();
+    leaving.leave().await;
+    let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
+    assert!(one, "{:?}", pods[0].1.count());
+}

@@ -368,8 +368,8 @@ async fn a_stopped_region_neither_errs_nor_lets_the_total_overrun() {
 }
 
 /// A region on a cluster beside one on a single server: the leader's lease, record and
-/// counters live in the cluster (one hash tag), the peer reads them there, and checks go to
-/// the cluster.
+/// counters live in the cluster (one hash tag), the peer reads them there, checks go to
+/// the cluster, and the region's live pods are counted there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_on_a_cluster() {
     let _serial = SERIAL.lock().await;
@@ -385,14 +385,22 @@ async fn a_region_on_a_cluster() {
             RegionalLimiter::builder(r, stores.clone())
                 .policy(&p)
                 .rebalance_period(Duration::from_millis(400))
+                .live_pods(Duration::from_secs(2))
                 .limiter(|b| b.timeout(Duration::from_millis(500)))
                 .build()
                 .unwrap()
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while pods.iter().any(|l| l.share("api") != Some(0.5)) {
-        let shares: Vec<_> = pods.iter().map(|l| l.share("api")).collect();
+    // Even shares, and each region's one pod counted in its own store (the cluster too).
+    while pods
+        .iter()
+        .any(|l| l.share("api") != Some(0.5) || l.live_pods() != Some(1))
+    {
+        let shares: Vec<_> = pods
+            .iter()
+            .map(|l| (l.share("api"), l.live_pods()))
+            .collect();
         assert!(Instant::now() < deadline, "never even: {shares:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -250,9 +250,9 @@ impl RegionalBuilder {
         self
     }
 
-    /// Counts this region's live pods ([`LivePods`], in the region's own store under
-    /// `<prefix>:pods:<region>`, counted out after `ttl`) for the local fallback: the
-    /// region's share ÷ its live pods. A region on a cluster keeps the configured count.
+    /// Counts this region's live pods ([`LivePods`], in the region's own store, server or
+    /// cluster, under `<prefix>:pods:<region>`, counted out after `ttl`) for the local
+    /// fallback: the region's share ÷ its live pods.
     pub fn live_pods(mut self, ttl: Duration) -> Self {
         self.live_pods = Some(ttl);
         self
@@ -331,14 +331,14 @@ impl RegionalBuilder {
             rebalances: AtomicU64::new(0),
             leader: AtomicBool::new(false),
         });
-        let pods = match (&self.urls[self.region], self.live_pods) {
-            (RegionTarget::Server(url), Some(ttl)) => Some(Arc::new(
-                LivePods::builder(url.clone())
+        let pods = match self.live_pods {
+            Some(ttl) => Some(Arc::new(
+                LivePods::builder_for(self.urls[self.region].clone())
                     .key(format!("{}:pods:{}", shared.settings.prefix, self.region))
                     .ttl(ttl)
                     .start(&shared.limiter)?,
             )),
-            _ => None,
+            None => None,
         };
         let task = tokio::spawn(sync::run(Arc::downgrade(&shared), stores));
         Ok(RegionalLimiter {

@@ -22,80 +22,14 @@
 
 use super::split::{Claims, Subject};
 use super::RegionTarget;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use crate::background::BackgroundConn;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// A region's store as sync reaches it: a server (connection manager: lazy, reconnects by
-/// itself) or a cluster (connected on first use, retried on the next call until it works).
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(
-        Arc<ClusterClient>,
-        Arc<tokio::sync::OnceCell<ClusterConnection>>,
-    ),
-}
-
-/// A connection ready for one call. Records are read and written once per sync round,
-/// off the request path: redis-rs' cluster connection serves them (the checks' own
-/// per-node routing, `crate::cluster`, is about not waiting on a lost node per request).
-#[derive(Clone)]
-enum Live {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Live {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Live::Single(c) => c.req_packed_command(cmd),
-            Live::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Live::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Live::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Live::Single(c) => c.get_db(),
-            Live::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-impl Conn {
-    async fn live(&self) -> redis::RedisResult<Live> {
-        match self {
-            Conn::Single(c) => Ok(Live::Single(c.clone())),
-            Conn::Cluster(client, cell) => {
-                let c = cell
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?;
-                Ok(Live::Cluster(c.clone()))
-            }
-        }
-    }
-}
 
 /// A store that sync talks to: one region's server or cluster.
 #[derive(Clone)]
 pub(crate) struct RegionStore {
-    conn: Conn,
+    conn: BackgroundConn,
     /// `<prefix>:region:<r>`.
     record_key: String,
     demand_key: String,
@@ -245,24 +179,7 @@ impl RegionStore {
         region: usize,
         connect_timeout: Duration,
     ) -> redis::RedisResult<Self> {
-        let conn = match target {
-            RegionTarget::Server(url) => {
-                let client = redis::Client::open(url.as_str())?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None)
-                    .set_number_of_retries(1)
-                    .set_max_delay(connect_timeout);
-                Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
-            }
-            RegionTarget::Cluster(urls) => {
-                let client = ClusterClient::builder(urls.clone())
-                    .connection_timeout(connect_timeout)
-                    .retries(1)
-                    .build()?;
-                Conn::Cluster(Arc::new(client), Arc::default())
-            }
-        };
+        let conn = BackgroundConn::open(target, connect_timeout)?;
         let record_key = format!("{prefix}:{{region.{region}}}");
         Ok(Self {
             conn,
