@@ -34,7 +34,7 @@ const DEADBAND: u32 = WHOLE / 100;
 const REPORT_FRACTION: f64 = 0.01;
 
 /// A subject is hot in a region with at least this part of the region's demand for the
-/// policy (and more than the floor's worth of the limit: below that any share serves it).
+/// policy (and at least the floor's worth of the limit: below that any share serves it).
 const HOT_FRACTION: f64 = 0.02;
 
 /// Most subjects a region marks hot per policy, by default; every region tracks the union
@@ -298,7 +298,7 @@ async fn lead(
         l.removed.entry(name.clone()).or_default().extend(removed);
         let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
         let subjects = l.subjects.get(name);
-        // Hot here: a large part of the region's demand, and more than the floor serves.
+        // Hot here: a large part of the region's demand, and at least what the floor serves.
         let least = (own * HOT_FRACTION).max(slot.base.rate() * s.floor_fraction);
         let mut busiest: Vec<(Subject, f64)> = subjects
             .map(|m| {
