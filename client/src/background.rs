@@ -100,10 +100,20 @@ impl BackgroundConn {
         match self {
             BackgroundConn::Single(c) => Ok(Live::Single(c.clone())),
             BackgroundConn::Cluster(client, cell) => {
-                let c = cell
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?;
-                Ok(Live::Cluster(c.clone()))
+                if let Some(c) = cell.get() {
+                    return Ok(Live::Cluster(c.clone()));
+                }
+                // Made in a task of its own: a caller's timeout (a beat's, a round's) must
+                // not throw away a connect half done, or a slow cluster (several round
+                // trips to connect) would never get connected.
+                let (client, cell) = (Arc::clone(client), Arc::clone(cell));
+                let made = tokio::spawn(async move {
+                    cell.get_or_try_init(|| client.get_async_connection())
+                        .await
+                        .cloned()
+                });
+                let c = made.await.map_err(std::io::Error::other)??;
+                Ok(Live::Cluster(c))
             }
         }
     }

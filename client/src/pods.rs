@@ -141,7 +141,7 @@ impl LivePods {
     }
 
     /// Beats into `target`: a server or a cluster.
-    pub fn builder_for(target: RegionTarget) -> LivePodsBuilder {
+    pub(crate) fn builder_for(target: RegionTarget) -> LivePodsBuilder {
         LivePodsBuilder {
             target,
             key: "rl:pods".into(),
@@ -168,13 +168,20 @@ impl LivePods {
     /// Stops beating and removes this pod from the set (a graceful shutdown).
     pub async fn leave(self) {
         self.task.abort();
-        let removed = async {
+        let remove = || async {
             let mut c = self.shared.conn.live().await?;
             redis::cmd("ZREM")
                 .arg(&self.shared.key)
                 .arg(&self.shared.id)
                 .query_async::<i64>(&mut c)
                 .await
+        };
+        // Twice: a connection whose last reconnect failed (the store was down, is back)
+        // answers its stored error once, then reconnects.
+        let removed = async {
+            if remove().await.is_err() {
+                let _ = remove().await;
+            }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), removed).await;
     }

@@ -36,7 +36,7 @@ use super::share::Share;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-/// A subject, by the 64-bit hash of its name (the same hash its bucket keys carry): records
+/// A subject, by the unseeded XXH3-64 hash of its name (so every region names it alike): records
 /// never hold API keys in clear, and a pod counts demand without copying them.
 pub(crate) type Subject = u64;
 
