@@ -37,35 +37,38 @@ async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 async fn count_follows_the_pods_alive() {
     for flavor in Flavor::ALL {
         let s = Server::start(flavor);
-        let mut pods: Vec<_> = (0..3).map(|_| pod(&s)).collect();
-        let all_three = until(TTL + SLACK, || {
-            pods.iter()
-                .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
-        })
-        .await;
-        let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
-        assert!(all_three, "{flavor:?}: {counts:?}");
-
-        // One crashes (stops beating without leaving): counted out within its TTL.
-        let stopped_at = Instant::now();
-        drop(pods.pop());
-        let two = until(TTL + INTERVAL + SLACK, || {
-            pods.iter()
-                .all(|(l, p)| p.count() == Some(2) && l.pods() == 2)
-        })
-        .await;
-        let took = stopped_at.elapsed();
-        let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
-        assert!(two, "{flavor:?}: {counts:?} after {took:?}");
-        eprintln!("{flavor:?}: a stopped pod counted out after {took:?} (TTL {TTL:?})");
-
-        // One leaves gracefully: gone at the others' next beat, not after a TTL.
-        let (_, leaving) = pods.pop().unwrap();
-        leaving.leave().await;
-        let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
-        assert!(one, "{flavor:?}: {:?}", pods[0].1.count());
-        assert_eq!(pods[0].0.pods(), 1);
+        follows_three_pods((0..3).map(|_| pod(&s)).collect(), &format!("{flavor:?}")).await;
     }
+}
+
+/// Three pods are counted; one that crashes (stops beating without leaving) is counted out
+/// within its TTL; one that leaves is gone at the others' next beat, not after a TTL.
+async fn follows_three_pods(mut pods: Vec<(Limiter, LivePods)>, label: &str) {
+    let all_three = until(TTL + SLACK, || {
+        pods.iter()
+            .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
+    })
+    .await;
+    let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+    assert!(all_three, "{label}: {counts:?}");
+
+    let stopped_at = Instant::now();
+    drop(pods.pop());
+    let two = until(TTL + INTERVAL + SLACK, || {
+        pods.iter()
+            .all(|(l, p)| p.count() == Some(2) && l.pods() == 2)
+    })
+    .await;
+    let took = stopped_at.elapsed();
+    let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
+    assert!(two, "{label}: {counts:?} after {took:?}");
+    eprintln!("{label}: a stopped pod counted out after {took:?} (TTL {TTL:?})");
+
+    let (_, leaving) = pods.pop().unwrap();
+    leaving.leave().await;
+    let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
+    assert!(one, "{label}: {:?}", pods[0].1.count());
+    assert_eq!(pods[0].0.pods(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +98,7 @@ async fn last_count_kept_while_the_store_is_unreachable() {
 async fn count_on_a_cluster() {
     let nodes = start_cluster(Flavor::Valkey);
     let urls: Vec<String> = nodes.iter().map(Server::url).collect();
-    let mut pods: Vec<_> = (0..3)
+    let pods = (0..3)
         .map(|_| {
             let l = Limiter::cluster_builder(urls.clone()).build().unwrap();
             let p = LivePods::cluster_builder(urls.clone())
@@ -106,25 +109,5 @@ async fn count_on_a_cluster() {
             (l, p)
         })
         .collect();
-    let all_three = until(TTL + SLACK, || {
-        pods.iter()
-            .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
-    })
-    .await;
-    let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
-    assert!(all_three, "{counts:?}");
-    drop(pods.pop());
-    let two = until(TTL + INTERVAL + SLACK, || {
-        pods.iter().all(|(_, p)| p.count() == Some(2))
-    })
-    .await;
-    assert!(
-        two,
-        "{:?}",
-        pods.iter().map(|(_, p)| p.count()).collect::<Vec<_>>()
-    );
-    let (_, leaving) = pods.pop().unwrap();
-    leaving.leave().await;
-    let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
-    assert!(one, "{:?}", pods[0].1.count());
+    follows_three_pods(pods, "cluster").await;
 }

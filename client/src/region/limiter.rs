@@ -462,24 +462,22 @@ impl RegionalLimiter {
 
     /// The share of `policy` this pod checks with now (0..=1), if it has seen the policy.
     pub fn share(&self, policy: &str) -> Option<f64> {
-        let slots = self.shared.slots.read().unwrap_or_else(|p| p.into_inner());
-        let applied = slots.get(policy)?.applied().clone();
-        let ppm = if Instant::now() < applied.valid_until {
-            applied.ppm
-        } else {
-            applied.ppm.min(self.shared.settings.floor)
-        };
-        Some(f64::from(ppm) / f64::from(WHOLE))
+        self.share_in_use(policy, None)
     }
 
     /// The share of `policy` this pod checks `subject` with now (0..=1): the subject's own
     /// if it is hot, else the policy's.
     pub fn share_for(&self, policy: &str, subject: &str) -> Option<f64> {
+        self.share_in_use(policy, Some(subject_id(subject)))
+    }
+
+    /// The share applied to `subject` (`None`: the policy's own), capped at the floor once
+    /// its lease ran out.
+    fn share_in_use(&self, policy: &str, subject: Option<Subject>) -> Option<f64> {
         let slots = self.shared.slots.read().unwrap_or_else(|p| p.into_inner());
-        let applied = slots.get(policy)?.applied().clone();
-        let ppm = applied
-            .entries
-            .get(&subject_id(subject))
+        let applied = slots.get(policy)?.applied();
+        let ppm = subject
+            .and_then(|x| applied.entries.get(&x))
             .map_or(applied.ppm, |e| e.0);
         let ppm = if Instant::now() < applied.valid_until {
             ppm
