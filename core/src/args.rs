@@ -60,9 +60,31 @@ pub fn delta(delta: &[u8]) -> Result<i64, ArgError> {
     int(delta).ok_or(ArgError::Delta)
 }
 
-/// A 64-bit signed decimal integer (an optional sign, then digits; leading zeros allowed).
+/// A 64-bit signed decimal integer (an optional sign, then digits; leading zeros allowed):
+/// what `str::parse::<i64>` accepts, read from the bytes without a UTF-8 pass (this runs on
+/// every call of the module's commands).
 fn int(s: &[u8]) -> Option<i64> {
-    std::str::from_utf8(s).ok()?.parse().ok()
+    let (negative, digits) = match s {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0i64, |v, &b| {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        let v = v.checked_mul(10)?;
+        // Accumulating towards the sign reaches i64::MIN, whose magnitude i64 lacks.
+        if negative {
+            v.checked_sub(i64::from(digit))
+        } else {
+            v.checked_add(i64::from(digit))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -78,6 +100,37 @@ mod tests {
         assert_eq!(cost(b"+3"), Ok(3));
         assert_eq!(cost(b"007"), Ok(7));
         assert_eq!(delta(b"-9223372036854775808"), Ok(i64::MIN));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn integers_read_as_str_parse_reads_them(s in "[-+]?[0-9a+ -]{0,21}") {
+            proptest::prop_assert_eq!(int(s.as_bytes()), s.parse::<i64>().ok());
+        }
+    }
+
+    #[test]
+    fn integers_at_the_edges() {
+        for s in [
+            "9223372036854775807",
+            "-9223372036854775808",
+            "+0",
+            "-0",
+            "007",
+        ] {
+            assert_eq!(int(s.as_bytes()), s.parse().ok(), "{s}");
+        }
+        for s in [
+            "",
+            "+",
+            "-",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "1 ",
+            "--1",
+        ] {
+            assert_eq!(int(s.as_bytes()), None, "{s}");
+        }
     }
 
     #[test]

@@ -55,8 +55,12 @@ pub const TICKS_PER_MS: u64 = 10_000;
 /// Converts a time since the Unix epoch to ticks, rounding down (an earlier "now" is the
 /// conservative side: it can only make the bucket look emptier).
 pub fn ticks_since_epoch(since_epoch: Duration) -> u64 {
-    let ticks = since_epoch.as_nanos() / 100;
-    u64::try_from(ticks).unwrap_or(u64::MAX)
+    // In u64 (no 128-bit division: this runs on every check), saturating past ~58 000 years.
+    since_epoch
+        .as_secs()
+        .checked_mul(TICKS_PER_SECOND)
+        .and_then(|t| t.checked_add(u64::from(since_epoch.subsec_nanos() / 100)))
+        .unwrap_or(u64::MAX)
 }
 
 /// A validated limit: `burst` tokens of capacity, refilled one token every

@@ -600,3 +600,13 @@ fn retry_after_is_exact_for_a_tat_near_the_end_of_time() {
     .div_ceil(u128::from(TICKS_PER_MS));
     assert_eq!(d.retry_after_ms.map(u128::from), Some(want));
 }
+
+proptest! {
+    /// The clock conversion is the exact floor of nanoseconds ÷ 100, saturating.
+    #[test]
+    fn ticks_are_nanoseconds_over_100(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+        let d = std::time::Duration::new(secs, nanos);
+        let exact = u64::try_from(d.as_nanos() / 100).unwrap_or(u64::MAX);
+        prop_assert_eq!(ticks_since_epoch(d), exact);
+    }
+}

@@ -25,6 +25,9 @@ fuzz_target!(|data: &[u8]| {
         // The server's clock in ticks: far from overflow for thousands of years.
         u64::from_le_bytes(word) >> 1
     };
+    // The integer parser reads bytes as `str::parse` reads text.
+    let parsed = std::str::from_utf8(amount).ok().and_then(|s| s.parse::<i64>().ok());
+    assert_eq!(args::delta(amount).ok(), parsed);
     let Ok(limit) = args::limit(rate, burst) else {
         return;
     };
