@@ -3,12 +3,10 @@
 //! Every argument is validated before any key is read, and every key is read before any is
 //! written, so a bad input gets an error and changes nothing.
 
-use crate::{stats, storage};
+use crate::storage::Bucket;
+use crate::{limits, stats, storage};
 use redis_module::{raw, Context, RedisError};
-use redis_ratelimit_core::stored::linger_class;
-use redis_ratelimit_core::{
-    args, check, check_all, settle, ticks_since_epoch, Check, Decision, Limit,
-};
+use redis_ratelimit_core::{args, check, check_all, settle, ticks_since_epoch, Check, Decision};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_long, CStr};
 use std::ptr::NonNull;
@@ -189,15 +187,15 @@ fn check_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
         [_, key, rate, burst, cost] => (key, rate, burst, Some(cost)),
         _ => return Err(RedisError::WrongArity),
     };
-    let limit = parse_limit(rate, burst)?;
+    let parsed = parse_limit(rate, burst)?;
     let cost = match cost {
         Some(cost) => parse_cost(cost)?,
         None => 1,
     };
-    let tat = storage::read(ctx, key.key())?;
-    let d = check(&limit, cost, tat, now());
+    let bucket = Bucket::open(ctx, key.key())?;
+    let d = check(&parsed.limit, cost, bucket.tat(), now());
     if d.changed {
-        storage::write(ctx, key.key(), d.tat, linger_class(&limit))?;
+        bucket.write(ctx, d.tat, parsed.class)?;
     }
     reply(ctx, &d);
     Ok(d.allowed)
@@ -209,13 +207,13 @@ fn settle_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
     let [_, key, rate, burst, delta] = args else {
         return Err(RedisError::WrongArity);
     };
-    let limit = parse_limit(rate, burst)?;
+    let parsed = parse_limit(rate, burst)?;
     let delta = args::delta(delta.bytes()).map_err(refused)?;
-    let tat = storage::read(ctx, key.key())?;
-    let d =
-        settle(&limit, delta, tat, now()).map_err(|e| RedisError::String(format!("ERR {e}")))?;
+    let bucket = Bucket::open(ctx, key.key())?;
+    let d = settle(&parsed.limit, delta, bucket.tat(), now())
+        .map_err(|e| RedisError::String(format!("ERR {e}")))?;
     if d.changed {
-        storage::write(ctx, key.key(), d.tat, linger_class(&limit))?;
+        bucket.write(ctx, d.tat, parsed.class)?;
     }
     reply(ctx, &d);
     Ok(true)
@@ -238,7 +236,7 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
             let [key, rate, burst, cost] = quad else {
                 return Err(RedisError::WrongArity);
             };
-            let limit = parse_limit(rate, burst)?;
+            let parsed = parse_limit(rate, burst)?;
             let cost = parse_cost(cost)?;
             // A key named twice is one bucket: the second limit sees the first one's take.
             let found = match &index {
@@ -261,23 +259,23 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
                 keys.len() - 1
             });
             if let Some(class) = classes.get_mut(bucket) {
-                *class = (*class).max(linger_class(&limit));
+                *class = (*class).max(parsed.class);
             }
             checks.push(Check {
-                limit,
+                limit: parsed.limit,
                 cost,
                 bucket,
             });
         }
-        let before = keys
+        let buckets = keys
             .iter()
-            .map(|k| storage::read(ctx, k.key()))
-            .collect::<Result<Vec<u64>, _>>()?;
-        let mut tats = before.clone();
+            .map(|k| Bucket::open(ctx, k.key()))
+            .collect::<Result<Vec<Bucket>, _>>()?;
+        let mut tats: Vec<u64> = buckets.iter().map(Bucket::tat).collect();
         let (all, decisions) = check_all(&checks, &mut tats, now());
-        for (((key, new), old), class) in keys.iter().zip(&tats).zip(&before).zip(&classes) {
-            if new != old {
-                storage::write(ctx, key.key(), *new, *class)?;
+        for ((bucket, new), class) in buckets.iter().zip(&tats).zip(&classes) {
+            if *new != bucket.tat() {
+                bucket.write(ctx, *new, *class)?;
             }
         }
         raw::reply_with_array(ctx.ctx, decisions.len() as c_long);
@@ -289,14 +287,29 @@ fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
 }
 
 /// The server host's wall clock, the clock key expiry runs on, in 100 ns ticks.
+///
+/// Where the server exports it (Redis 7.2+, Valkey), this is the time the server read when
+/// it started the command (`RedisModule_CachedMicroseconds`): the instant it judges key
+/// expiry by, already paid for, and one for all of a `MULTI` or a script, as it is for
+/// expiry. Elsewhere the module reads the clock itself.
 fn now() -> u64 {
+    // SAFETY: reading a function pointer set once by RedisModule_Init (null if the server
+    // lacks the call).
+    if let Some(cached) = unsafe { raw::RedisModule_CachedMicroseconds } {
+        // SAFETY: takes no arguments; valid inside a command.
+        let us = unsafe { cached() };
+        return u64::try_from(us).map_or(0, |us| us.saturating_mul(TICKS_PER_US));
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, ticks_since_epoch)
 }
 
-fn parse_limit(rate: &Arg, burst: &Arg) -> Result<Limit, RedisError> {
-    args::limit(rate.bytes(), burst.bytes()).map_err(refused)
+/// Ticks (100 ns) per microsecond.
+const TICKS_PER_US: u64 = 10;
+
+fn parse_limit(rate: &Arg, burst: &Arg) -> Result<limits::Parsed, RedisError> {
+    limits::limit(rate.bytes(), burst.bytes()).map_err(refused)
 }
 
 fn parse_cost(cost: &Arg) -> Result<u64, RedisError> {

@@ -30,12 +30,18 @@ macro_rules! api {
 }
 
 pub mod command;
+mod eviction;
 mod layout;
+mod limits;
 pub mod stats;
 pub mod storage;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    match storage::ValuePool::init(ctx).and_then(|()| command::register(ctx)) {
+    match storage::signal_writes_explicitly(ctx)
+        .and_then(|()| eviction::watch(ctx))
+        .and_then(|()| storage::ValuePool::init(ctx))
+        .and_then(|()| command::register(ctx))
+    {
         Ok(()) => Status::Ok,
         Err(e) => {
             ctx.log_warning(&format!("ratelimit: {e}"));

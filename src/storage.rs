@@ -11,8 +11,8 @@
 //! - **Shared** (Redis 7.0-8.0, Valkey 7.2-8.0: servers whose object header the module knows,
 //!   and whose header passed the load-time probe): like Redis with its own shared integers,
 //!   the module creates each value once, at load, marks it immutable, and lets every key point
-//!   to it, so a bucket costs what any key with a TTL costs. Read with `StringDMA`, written
-//!   with `StringSet`.
+//!   to it, so a bucket costs what any key with a TTL costs. The key is opened once, read
+//!   with `StringDMA` and written with `StringSet` (see [`Bucket`]).
 //! - **Server-encoded** (every other server, e.g. Valkey 8.1+, where the key is embedded in
 //!   its value object so no key can point at a shared one; and any server while an LRU/LFU
 //!   eviction policy may be on, since the recency stamp lives in the value object and a shared
@@ -218,9 +218,92 @@ impl Drop for OpenKey {
     }
 }
 
-/// Reads the bucket's TAT, in ticks; 0 for a missing key (a full bucket).
-pub(crate) fn read(ctx: &Context, key: KeyName) -> Result<u64, RedisError> {
-    let Some(k) = OpenKey::open(ctx, key, raw::REDISMODULE_READ as c_int)? else {
+/// A bucket's key for the running command: the TAT read from it, and, where values are
+/// shared, the key itself, opened once for reading and writing so that a write reuses it.
+///
+/// Opening a key for writing does not by itself tell the server it changed: the module sets
+/// `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED` at load ([`signal_writes_explicitly`]) and
+/// [`Bucket::write`] signals the key. A refusal writes nothing, so it leaves `WATCH` and
+/// client-side caching alone, as a read would.
+pub(crate) struct Bucket {
+    name: KeyName,
+    tat: u64,
+    /// Open read-write where values are shared; `None` where the server's own `GET` and `SET`
+    /// keep the value.
+    key: Option<OpenKey>,
+}
+
+impl Bucket {
+    /// Opens and reads the bucket in `name`; a missing key reads as TAT 0 (a full bucket).
+    pub(crate) fn open(ctx: &Context, name: KeyName) -> Result<Bucket, RedisError> {
+        if !may_share(ctx) {
+            return Ok(Bucket {
+                name,
+                tat: read_by_call(ctx, name)?,
+                key: None,
+            });
+        }
+        let k = OpenKey::open(
+            ctx,
+            name,
+            (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
+        )?
+        .ok_or(RedisError::Str("ERR could not open the key"))?;
+        let key_type = api!(RedisModule_KeyType)?;
+        // SAFETY: `k` is open.
+        let tat = match unsafe { key_type(k.0.as_ptr()) } as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => 0,
+            raw::REDISMODULE_KEYTYPE_STRING => read_shared(&k)?,
+            _ => return Err(RedisError::WrongType),
+        };
+        Ok(Bucket {
+            name,
+            tat,
+            key: Some(k),
+        })
+    }
+
+    /// The TAT read when the bucket was opened, in ticks.
+    pub(crate) fn tat(&self) -> u64 {
+        self.tat
+    }
+
+    /// Stores TAT `tat` under linger class `class`, with its absolute expiry; tells the server
+    /// the key changed and replicates the effect.
+    pub(crate) fn write(&self, ctx: &Context, tat: u64, class: u8) -> Result<(), RedisError> {
+        let s = stored::encode(tat, class);
+        let expire = c_longlong::try_from(s.expire_at_ms)
+            .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
+        let value = ValuePool::get(s.value)?;
+        match &self.key {
+            Some(k) => write_shared(ctx, k, self.name, value, expire)?,
+            None => write_by_call(ctx, self.name, s.value, expire)?,
+        }
+        replicate(ctx, self.name, value, expire)
+    }
+}
+
+/// Reads a shared-layout value: the expiry and the value's digits give the TAT.
+fn read_shared(k: &OpenKey) -> Result<u64, RedisError> {
+    let get_expire = api!(RedisModule_GetAbsExpire)?;
+    let dma = api!(RedisModule_StringDMA)?;
+    // SAFETY: `k` is open.
+    let expire = unsafe { get_expire(k.0.as_ptr()) };
+    let mut len = 0;
+    // SAFETY: `k` is an open string key; read-mode access does not modify a RAW value.
+    let p = unsafe { dma(k.0.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
+    if p.is_null() {
+        return Err(RedisError::Str("ERR could not read the key"));
+    }
+    // SAFETY: Redis guarantees `len` readable bytes at `p` while the key is open.
+    decode(expire, unsafe {
+        std::slice::from_raw_parts(p.cast::<u8>(), len)
+    })
+}
+
+/// Reads a server-encoded value with the server's `GET` (see the module docs for why).
+fn read_by_call(ctx: &Context, name: KeyName) -> Result<u64, RedisError> {
+    let Some(k) = OpenKey::open(ctx, name, raw::REDISMODULE_READ as c_int)? else {
         return Ok(0);
     };
     let key_type = api!(RedisModule_KeyType)?;
@@ -231,30 +314,35 @@ pub(crate) fn read(ctx: &Context, key: KeyName) -> Result<u64, RedisError> {
     let get_expire = api!(RedisModule_GetAbsExpire)?;
     // SAFETY: `k` is open.
     let expire = unsafe { get_expire(k.0.as_ptr()) };
-    let decode = |value: &[u8]| {
-        stored::decode(expire, value)
-            .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
-    };
-    if may_share(ctx) {
-        let dma = api!(RedisModule_StringDMA)?;
-        let mut len = 0;
-        // SAFETY: `k` is an open string key; read mode does not modify a RAW value.
-        let p = unsafe { dma(k.0.as_ptr(), &mut len, raw::REDISMODULE_READ as c_int) };
-        if p.is_null() {
-            return Err(RedisError::Str("ERR could not read the key"));
-        }
-        // SAFETY: Redis guarantees `len` readable bytes at `p` while the key is open.
-        decode(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
-    } else {
-        drop(k);
-        let call = api!(RedisModule_Call)?;
-        // SAFETY: live context, literal command and format; `key` is the command's argument.
-        let reply = CallReply::new(unsafe { call(ctx.ctx, c"GET".as_ptr(), c"s".as_ptr(), key) })?;
-        match reply.string()? {
-            Some(value) => decode(value),
-            None => Ok(0),
-        }
+    drop(k);
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: live context, literal command and format; `name` is the command's argument.
+    let reply = CallReply::new(unsafe { call(ctx.ctx, c"GET".as_ptr(), c"s".as_ptr(), name) })?;
+    match reply.string()? {
+        Some(value) => decode(expire, value),
+        None => Ok(0),
     }
+}
+
+fn decode(expire: c_longlong, value: &[u8]) -> Result<u64, RedisError> {
+    stored::decode(expire, value)
+        .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
+}
+
+/// Sets the module option under which a key opened for writing is signalled as modified only
+/// when [`Bucket::write`] says so (see [`Bucket`]); called from the module's `OnLoad`.
+pub fn signal_writes_explicitly(ctx: &Context) -> Result<(), RedisError> {
+    let set_options = api!(RedisModule_SetModuleOptions)?;
+    // Fail at load, not on the first write, on a server without it.
+    api!(RedisModule_SignalModifiedKey)?;
+    // SAFETY: OnLoad context; a documented option bit.
+    unsafe {
+        set_options(
+            ctx.ctx,
+            raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+        )
+    };
+    Ok(())
 }
 
 /// A `RedisModule_Call` reply, freed on drop.
@@ -302,58 +390,73 @@ impl Drop for CallReply {
     }
 }
 
-/// Stores the bucket's TAT, written under linger class `class`, with its absolute expiry, and
-/// replicates the effect.
-pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64, class: u8) -> Result<(), RedisError> {
-    let s = stored::encode(tat, class);
-    let expire = c_longlong::try_from(s.expire_at_ms)
-        .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
-    let replicate = api!(RedisModule_Replicate)?;
-    let value = ValuePool::get(s.value)?;
-    if may_share(ctx) {
-        let string_set = api!(RedisModule_StringSet)?;
-        let set_expire = api!(RedisModule_SetAbsExpire)?;
-        let k = OpenKey::open(
-            ctx,
-            key,
-            (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int,
-        )?
-        .ok_or(RedisError::Str("ERR could not open the key for writing"))?;
-        // SAFETY: `k` is open for writing; the key takes its own reference to the string.
-        if unsafe { string_set(k.0.as_ptr(), value) } != raw::REDISMODULE_OK as c_int {
-            return Err(RedisError::Str("ERR could not write the key"));
-        }
-        // SAFETY: `k` is open for writing and now holds a value.
-        if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
-            return Err(RedisError::Str("ERR could not set the key's expiry"));
-        }
-    } else {
-        // The server's own SET, given the digits as a buffer: the argument it builds from them
-        // is its own (refcount 1), so SET may integer-encode it. A shared string would be
-        // stored as it is.
-        let mut digits = [0u8; 10];
-        let digits = decimal(s.value, &mut digits);
-        let call = api!(RedisModule_Call)?;
-        // SAFETY: live context; format "sbcl" matches (RedisModuleString*, buffer and length,
-        // C string, long long); no '!' flag, so the call itself is not propagated.
-        let reply = CallReply::new(unsafe {
-            call(
-                ctx.ctx,
-                c"SET".as_ptr(),
-                c"sbcl".as_ptr(),
-                key,
-                digits.as_ptr().cast::<std::ffi::c_char>(),
-                digits.len(),
-                c"PXAT".as_ptr(),
-                expire,
-            )
-        })?;
-        let reply_type = api!(RedisModule_CallReplyType)?;
-        // SAFETY: live reply.
-        if unsafe { reply_type(reply.0.as_ptr()) } as isize == raw::REDISMODULE_REPLY_ERROR {
-            return Err(RedisError::Str("ERR could not write the key"));
-        }
+/// Points the open key at the shared `value` and sets its expiry, then signals the change
+/// (the module option leaves that to the module).
+fn write_shared(
+    ctx: &Context,
+    k: &OpenKey,
+    name: KeyName,
+    value: *mut raw::RedisModuleString,
+    expire: c_longlong,
+) -> Result<(), RedisError> {
+    let string_set = api!(RedisModule_StringSet)?;
+    let set_expire = api!(RedisModule_SetAbsExpire)?;
+    let signal = api!(RedisModule_SignalModifiedKey)?;
+    // SAFETY: `k` is open for writing; the key takes its own reference to the string.
+    if unsafe { string_set(k.0.as_ptr(), value) } != raw::REDISMODULE_OK as c_int {
+        return Err(RedisError::Str("ERR could not write the key"));
     }
+    // SAFETY: `k` is open for writing and now holds a value.
+    if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
+        return Err(RedisError::Str("ERR could not set the key's expiry"));
+    }
+    // SAFETY: live context; `name` is the command's argument.
+    unsafe { signal(ctx.ctx, name) };
+    Ok(())
+}
+
+/// Writes `value` with the server's own `SET key value PXAT expiry`, which signals the key.
+fn write_by_call(
+    ctx: &Context,
+    name: KeyName,
+    value: u32,
+    expire: c_longlong,
+) -> Result<(), RedisError> {
+    // The digits as a buffer: the argument the server builds from them is its own (refcount
+    // 1), so SET may integer-encode it. A shared string would be stored as it is.
+    let mut digits = [0u8; 10];
+    let digits = decimal(value, &mut digits);
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: live context; format "sbcl" matches (RedisModuleString*, buffer and length,
+    // C string, long long); no '!' flag, so the call itself is not propagated.
+    let reply = CallReply::new(unsafe {
+        call(
+            ctx.ctx,
+            c"SET".as_ptr(),
+            c"sbcl".as_ptr(),
+            name,
+            digits.as_ptr().cast::<std::ffi::c_char>(),
+            digits.len(),
+            c"PXAT".as_ptr(),
+            expire,
+        )
+    })?;
+    let reply_type = api!(RedisModule_CallReplyType)?;
+    // SAFETY: live reply.
+    if unsafe { reply_type(reply.0.as_ptr()) } as isize == raw::REDISMODULE_REPLY_ERROR {
+        return Err(RedisError::Str("ERR could not write the key"));
+    }
+    Ok(())
+}
+
+/// Replicates the write as `SET key value PXAT expiry` (see the module docs).
+fn replicate(
+    ctx: &Context,
+    name: KeyName,
+    value: *mut raw::RedisModuleString,
+    expire: c_longlong,
+) -> Result<(), RedisError> {
+    let replicate = api!(RedisModule_Replicate)?;
     let pxat = ValuePool::pxat().ok_or(RedisError::Str("ERR value pool missing"))?;
     // SAFETY: format "sssl" matches (RedisModuleString* ×3, long long); the pooled strings
     // outlive the call (the propagated command takes its own references).
@@ -362,7 +465,7 @@ pub(crate) fn write(ctx: &Context, key: KeyName, tat: u64, class: u8) -> Result<
             ctx.ctx,
             c"SET".as_ptr(),
             c"sssl".as_ptr(),
-            key,
+            name,
             value,
             pxat,
             expire,
@@ -392,16 +495,7 @@ fn decimal(mut value: u32, buf: &mut [u8; 10]) -> &[u8] {
 /// is set with an eviction policy, since LRU and LFU keep each key's recency in its value
 /// object.
 fn may_share(ctx: &Context) -> bool {
-    if !POOL.get().is_some_and(|p| p.shareable) {
-        return false;
-    }
-    let Ok(flags) = api!(RedisModule_GetContextFlags) else {
-        return false;
-    };
-    // SAFETY: live context.
-    let flags = unsafe { flags(ctx.ctx) } as u32;
-    let evicting = raw::REDISMODULE_CTX_FLAGS_MAXMEMORY | raw::REDISMODULE_CTX_FLAGS_EVICT;
-    flags & evicting != evicting
+    POOL.get().is_some_and(|p| p.shareable) && !crate::eviction::evicting(ctx)
 }
 
 /// Redis's marker for an object shared for good (`OBJ_SHARED_REFCOUNT`): `incrRefCount` and

@@ -145,6 +145,82 @@ fn peek_never_writes() {
     }
 }
 
+/// Runs `during` on a second connection between `WATCH key` and `MULTI`/`EXEC` on the first;
+/// whether the transaction still ran (a changed key aborts it).
+fn transaction_survives(t: &Target, key: &str, during: impl FnOnce(&mut Connection)) -> bool {
+    let (mut watcher, mut other) = (t.conn(), t.conn());
+    let _: () = redis::cmd("WATCH").arg(key).query(&mut watcher).unwrap();
+    during(&mut other);
+    let _: () = redis::cmd("MULTI").query(&mut watcher).unwrap();
+    let _: () = redis::cmd("PING").query(&mut watcher).unwrap();
+    match redis::cmd("EXEC").query(&mut watcher).unwrap() {
+        redis::Value::Nil => false,
+        redis::Value::Array(replies) => {
+            assert_eq!(replies, [redis::Value::SimpleString("PONG".into())]);
+            true
+        }
+        other => panic!("{}: EXEC answered {other:?}", t.name),
+    }
+}
+
+/// A check that takes tokens changes the key for `WATCH` (and client-side caching, which is
+/// told the same way); a refusal and a peek, which write nothing, do not.
+#[test]
+fn only_a_write_touches_a_watched_key() {
+    for t in targets("watch") {
+        let k = t.key("w");
+        assert!(
+            !transaction_survives(&t, &k, |c| {
+                assert_eq!(rl_check(c, &k, PER_HOUR_1, 2, 2).0, 1);
+            }),
+            "{}: taking tokens left WATCH alone",
+            t.name
+        );
+        assert!(
+            transaction_survives(&t, &k, |c| {
+                assert_eq!(rl_check(c, &k, PER_HOUR_1, 2, 1).0, 0);
+                assert_eq!(rl_check(c, &k, PER_HOUR_1, 2, 0).1, 0);
+            }),
+            "{}: a refusal or a peek aborted a transaction watching the key",
+            t.name
+        );
+        // A settle writes; RL.CHECKALL writes only where it took tokens.
+        assert!(
+            !transaction_survives(&t, &k, |c| {
+                let _: Reply = redis::cmd("RL.SETTLE")
+                    .arg(&k)
+                    .arg(PER_HOUR_1)
+                    .arg(2)
+                    .arg(-1)
+                    .query(c)
+                    .unwrap();
+            }),
+            "{}: a settle left WATCH alone",
+            t.name
+        );
+        let other = t.key("w2");
+        assert!(
+            transaction_survives(&t, &k, |c| {
+                let refused =
+                    checkall(c, &[&other, PER_HOUR_1, "2", "1", &k, PER_HOUR_1, "2", "2"]);
+                assert_eq!(refused[1].0, 0);
+            }),
+            "{}: an RL.CHECKALL refused everywhere touched the key",
+            t.name
+        );
+        assert!(
+            !transaction_survives(&t, &k, |c| {
+                assert_eq!(
+                    checkall(c, &[&other, PER_HOUR_1, "2", "1", &k, PER_HOUR_1, "2", "1"])[1].0,
+                    1
+                );
+            }),
+            "{}: an RL.CHECKALL that took tokens left WATCH alone",
+            t.name
+        );
+    }
+}
+
 /// The key outlives its full bucket by its class's linger: never less, and gone by then.
 #[test]
 fn key_expires_one_linger_after_the_bucket_is_full() {
@@ -404,6 +480,38 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
         );
         let v0x: String = redis::cmd("GET").arg("k0").query(&mut c).unwrap();
         assert_eq!(v0x, format!("{v0}x"));
+        // An eviction policy turned on at run time stops the sharing at once; turned off, it
+        // resumes.
+        let config_set = |c: &mut Connection, name: &str, value: &str| {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(c)
+                .unwrap();
+        };
+        let refcount = |c: &mut Connection, key: &str| -> i64 {
+            redis::cmd("OBJECT")
+                .arg("REFCOUNT")
+                .arg(key)
+                .query(c)
+                .unwrap()
+        };
+        config_set(&mut c, "maxmemory", "1gb");
+        config_set(&mut c, "maxmemory-policy", "allkeys-lru");
+        rl_check(&mut c, "lru-on", "1000", 10, 10);
+        assert_eq!(
+            refcount(&mut c, "lru-on"),
+            1,
+            "{flavor:?} {version:?}: shared under allkeys-lru set at run time"
+        );
+        config_set(&mut c, "maxmemory-policy", "noeviction");
+        rl_check(&mut c, "lru-off", "1000", 10, 10);
+        assert_eq!(
+            refcount(&mut c, "lru-off") > 1,
+            shared,
+            "{flavor:?} {version:?}: sharing after the policy was turned off"
+        );
         drop(s);
 
         let s = Server::start_with(
