@@ -40,8 +40,6 @@ impl Arg {
     }
 }
 
-type Handler = fn(&Context, &[Arg]) -> Result<bool, RedisError>;
-
 /// Registers the commands. Key positions (first, last, step) let cluster clients route them
 /// and let the server refuse a cross-slot `RL.CHECKALL`. ACL categories are set where the
 /// server can (7.2+, Valkey 8); Redis 7.0 cannot give module commands categories.
@@ -150,18 +148,19 @@ fn dispatch(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
-    body: Handler,
+    body: impl FnOnce(&Context, &[Arg]) -> Result<bool, RedisError>,
 ) -> c_int {
     context_call(ctx, argv, argc, body, stats::record)
 }
 
-/// Runs a command body and counts its outcome with `record`.
+/// Runs a command body and counts its outcome with `record`. Generic, not function
+/// pointers, so each command's body is compiled into its entry point.
 fn context_call(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
-    body: Handler,
-    record: fn(bool),
+    body: impl FnOnce(&Context, &[Arg]) -> Result<bool, RedisError>,
+    record: impl FnOnce(bool),
 ) -> c_int {
     let context = Context::new(ctx);
     let args: &[Arg] = match usize::try_from(argc) {

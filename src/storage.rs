@@ -17,8 +17,8 @@
 //!   its value object so no key can point at a shared one; and any server while an LRU/LFU
 //!   eviction policy may be on, since the recency stamp lives in the value object and a shared
 //!   one would blur it for every key): the module writes no object header. It writes with
-//!   the server's own `SET key value PXAT expiry` (`RedisModule_Call`, not propagated: the
-//!   effect is replicated as below), so the server stores the value integer-encoded, as it
+//!   the server's own `SET key value PXAT expiry` (`RedisModule_Call`, propagated: the very
+//!   `SET` described above), so the server stores the value integer-encoded, as it
 //!   does for `SET k 1`: the floor again. It reads the value with `GET` for the same reason:
 //!   `StringDMA`, even in read mode, turns an integer-encoded value into a raw string in the
 //!   keyspace, which costs memory until the next write. Both calls show in
@@ -274,12 +274,15 @@ impl Bucket {
         let s = stored::encode(tat, class);
         let expire = c_longlong::try_from(s.expire_at_ms)
             .map_err(|_| RedisError::Str("ERR expiry out of range"))?;
-        let value = ValuePool::get(s.value)?;
         match &self.key {
-            Some(k) => write_shared(ctx, k, self.name, value, expire)?,
-            None => write_by_call(ctx, self.name, s.value, expire)?,
+            Some(k) => {
+                let value = ValuePool::get(s.value)?;
+                write_shared(ctx, k, self.name, value, expire)?;
+                replicate(ctx, self.name, value, expire)
+            }
+            // The server's SET replicates itself, as the same SET.
+            None => write_by_call(ctx, self.name, s.value, expire),
         }
-        replicate(ctx, self.name, value, expire)
     }
 }
 
@@ -415,7 +418,9 @@ fn write_shared(
     Ok(())
 }
 
-/// Writes `value` with the server's own `SET key value PXAT expiry`, which signals the key.
+/// Writes `value` with the server's own `SET key value PXAT expiry`, which signals the key
+/// and, called with `!`, replicates itself: the same `SET` that [`replicate`] would send,
+/// without a second command lookup and argv.
 fn write_by_call(
     ctx: &Context,
     name: KeyName,
@@ -427,13 +432,13 @@ fn write_by_call(
     let mut digits = [0u8; 10];
     let digits = decimal(value, &mut digits);
     let call = api!(RedisModule_Call)?;
-    // SAFETY: live context; format "sbcl" matches (RedisModuleString*, buffer and length,
-    // C string, long long); no '!' flag, so the call itself is not propagated.
+    // SAFETY: live context; format "!sbcl": propagate the call, then (RedisModuleString*,
+    // buffer and length, C string, long long).
     let reply = CallReply::new(unsafe {
         call(
             ctx.ctx,
             c"SET".as_ptr(),
-            c"sbcl".as_ptr(),
+            c"!sbcl".as_ptr(),
             name,
             digits.as_ptr().cast::<std::ffi::c_char>(),
             digits.len(),
