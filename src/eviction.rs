@@ -1,11 +1,12 @@
 //! Whether the server may evict keys by recency (`maxmemory` set with an eviction policy),
 //! under which values must not be shared (see [`crate::storage`]).
 //!
-//! Asked once at load and again after every configuration change (the server's config-change
-//! event), not on every check: `RedisModule_GetContextFlags` computes all of the server's
-//! flags, memory state included, which costs about 140 instructions, 1.5% of an `RL.CHECK`.
-//! Only `CONFIG SET` changes these settings at run time, and it fires that event. A server
-//! without the event is asked on every call.
+//! Asked once at load and again whenever it may change: after every configuration change
+//! (`maxmemory`, `maxmemory-policy`, `replica-ignore-maxmemory`) and every replication role
+//! change (a replica ignoring `maxmemory` starts to evict when promoted), through those two
+//! server events; not on every check: `RedisModule_GetContextFlags` computes all of the
+//! server's flags, memory state included, which costs about 140 instructions, 1.5% of an
+//! `RL.CHECK`. A server lacking either event is asked on every call.
 
 use redis_module::{raw, Context, RedisError};
 use std::ffi::{c_int, c_void};
@@ -16,7 +17,7 @@ const UNKNOWN: u8 = 0;
 const KEEPS_ALL: u8 = 1;
 const EVICTS: u8 = 2;
 
-/// The answer as of the last configuration change, or [`UNKNOWN`].
+/// The answer as of the last configuration or role change, or [`UNKNOWN`].
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// Whether keys may be evicted by recency now.
@@ -28,33 +29,59 @@ pub(crate) fn evicting(ctx: &Context) -> bool {
     }
 }
 
-/// Subscribes to configuration changes and takes the first answer; called from `OnLoad`.
-/// Leaves the answer unknown (asked per call) where the server lacks the event.
+/// Subscribes to configuration and role changes and takes the first answer; called last from
+/// `OnLoad` (see `init`). Leaves the answer unknown (asked per call) where the server lacks
+/// either event.
 pub(crate) fn watch(ctx: &Context) -> Result<(), RedisError> {
-    let event = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_CONFIG,
-        dataver: 1,
-    };
+    let events = [
+        (
+            raw::REDISMODULE_EVENT_CONFIG,
+            [raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE].as_slice(),
+        ),
+        (
+            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            [
+                raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER,
+                raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA,
+            ]
+            .as_slice(),
+        ),
+    ];
     let (Ok(supported), Ok(subscribe)) = (
         api!(RedisModule_IsSubEventSupported),
         api!(RedisModule_SubscribeToServerEvent),
     ) else {
         return Ok(());
     };
-    // SAFETY: plain values; the function only looks the pair up.
-    if unsafe { supported(event, raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE) } == 0 {
+    let all_supported = events.iter().all(|&(id, subevents)| {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: plain values; the function only looks the pair up.
+        subevents
+            .iter()
+            .all(|&sub| unsafe { supported(event, sub) } != 0)
+    });
+    if !all_supported {
         return Ok(());
     }
-    // SAFETY: OnLoad context; the callback has the signature the server calls.
-    if unsafe { subscribe(ctx.ctx, event, Some(on_config_change)) } != raw::REDISMODULE_OK as c_int
-    {
-        return Ok(());
+    for (id, _) in events {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: OnLoad context; the callback has the signature the server calls.
+        if unsafe { subscribe(ctx.ctx, event, Some(on_change)) } != raw::REDISMODULE_OK as c_int {
+            // Half a watch would keep a stale answer: drop it (no callback unsubscribes) and
+            // stay UNKNOWN.
+            for (id, _) in events {
+                let event = raw::RedisModuleEvent { id, dataver: 1 };
+                // SAFETY: as above.
+                unsafe { subscribe(ctx.ctx, event, None) };
+            }
+            return Ok(());
+        }
     }
     remember(ctx.ctx);
     Ok(())
 }
 
-extern "C" fn on_config_change(
+extern "C" fn on_change(
     ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,

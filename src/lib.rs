@@ -37,10 +37,12 @@ pub mod stats;
 pub mod storage;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // The server event subscriptions come last: Redis before 7.2.4 keeps a failed module's
+    // listeners, which would then call into unloaded code.
     match storage::signal_writes_explicitly(ctx)
-        .and_then(|()| eviction::watch(ctx))
         .and_then(|()| storage::ValuePool::init(ctx))
         .and_then(|()| command::register(ctx))
+        .and_then(|()| eviction::watch(ctx))
     {
         Ok(()) => Status::Ok,
         Err(e) => {

@@ -12,7 +12,7 @@
 //!   and whose header passed the load-time probe): like Redis with its own shared integers,
 //!   the module creates each value once, at load, marks it immutable, and lets every key point
 //!   to it, so a bucket costs what any key with a TTL costs. The key is opened once, read
-//!   with `StringDMA` and written with `StringSet` (see [`Bucket`]).
+//!   with `StringDMA` and written with `StringSet` (see `Bucket`).
 //! - **Server-encoded** (every other server, e.g. Valkey 8.1+, where the key is embedded in
 //!   its value object so no key can point at a shared one; and any server while an LRU/LFU
 //!   eviction policy may be on, since the recency stamp lives in the value object and a shared
@@ -224,7 +224,9 @@ impl Drop for OpenKey {
 /// Opening a key for writing does not by itself tell the server it changed: the module sets
 /// `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED` at load ([`signal_writes_explicitly`]) and
 /// [`Bucket::write`] signals the key. A refusal writes nothing, so it leaves `WATCH` and
-/// client-side caching alone, as a read would.
+/// client-side caching alone, as a read would. Unlike a read, a key opened for writing does
+/// not count in `keyspace_hits`/`keyspace_misses` nor fire the `keymiss` event, on this shared
+/// path; the server-encoded path reads with `GET`, which does both.
 pub(crate) struct Bucket {
     name: KeyName,
     tat: u64,
@@ -333,7 +335,7 @@ fn decode(expire: c_longlong, value: &[u8]) -> Result<u64, RedisError> {
 }
 
 /// Sets the module option under which a key opened for writing is signalled as modified only
-/// when [`Bucket::write`] says so (see [`Bucket`]); called from the module's `OnLoad`.
+/// when `Bucket::write` says so (see `Bucket`); called from the module's `OnLoad`.
 pub fn signal_writes_explicitly(ctx: &Context) -> Result<(), RedisError> {
     let set_options = api!(RedisModule_SetModuleOptions)?;
     // Fail at load, not on the first write, on a server without it.
@@ -409,12 +411,14 @@ fn write_shared(
     if unsafe { string_set(k.0.as_ptr(), value) } != raw::REDISMODULE_OK as c_int {
         return Err(RedisError::Str("ERR could not write the key"));
     }
+    // Signalled as soon as the value changed, so that even a failed expiry below cannot leave
+    // a changed key unsignalled to WATCH and client tracking.
+    // SAFETY: live context; `name` is the command's argument.
+    unsafe { signal(ctx.ctx, name) };
     // SAFETY: `k` is open for writing and now holds a value.
     if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
         return Err(RedisError::Str("ERR could not set the key's expiry"));
     }
-    // SAFETY: live context; `name` is the command's argument.
-    unsafe { signal(ctx.ctx, name) };
     Ok(())
 }
 

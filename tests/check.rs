@@ -537,6 +537,53 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
     }
 }
 
+/// A replica ignores `maxmemory` (`replica-ignore-maxmemory`, on by default), so one loaded
+/// under `allkeys-lru` may share values; promoted, it evicts, and from then on must not.
+#[test]
+fn a_promoted_replica_stops_sharing_under_an_lru_policy() {
+    for flavor in Flavor::selected() {
+        let primary = Server::start(flavor);
+        let port = primary.port.to_string();
+        let replica = Server::start_with(
+            flavor,
+            true,
+            &[
+                "--maxmemory",
+                "1gb",
+                "--maxmemory-policy",
+                "allkeys-lru",
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+            ],
+        );
+        let mut c = replica.conn();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut c).unwrap();
+        assert_eq!(
+            role.first(),
+            Some(&redis::Value::BulkString(b"slave".to_vec())),
+            "{flavor:?}: not started as a replica"
+        );
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut c)
+            .unwrap();
+        for i in 0..10 {
+            rl_check(&mut c, &format!("p{i}"), "1000", 10, 10);
+        }
+        let refcount: i64 = redis::cmd("OBJECT")
+            .arg("REFCOUNT")
+            .arg("p0")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(
+            refcount, 1,
+            "{flavor:?}: shared after promotion under allkeys-lru"
+        );
+    }
+}
+
 #[test]
 fn reads_buckets_written_in_the_documented_format() {
     for t in targets("format") {
