@@ -33,13 +33,14 @@ pub(crate) fn evicting(ctx: &Context) -> bool {
 /// `OnLoad` (see `init`). Leaves the answer unknown (asked per call) where the server lacks
 /// either event.
 pub(crate) fn watch(ctx: &Context) -> Result<(), RedisError> {
+    let event = |id| raw::RedisModuleEvent { id, dataver: 1 };
     let events = [
         (
-            raw::REDISMODULE_EVENT_CONFIG,
+            event(raw::REDISMODULE_EVENT_CONFIG),
             [raw::REDISMODULE_SUBEVENT_CONFIG_CHANGE].as_slice(),
         ),
         (
-            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            event(raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED),
             [
                 raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER,
                 raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA,
@@ -53,9 +54,8 @@ pub(crate) fn watch(ctx: &Context) -> Result<(), RedisError> {
     ) else {
         return Ok(());
     };
-    let all_supported = events.iter().all(|&(id, subevents)| {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
-        // SAFETY: plain values; the function only looks the pair up.
+    // SAFETY: plain values; the function only looks each pair up.
+    let all_supported = events.iter().all(|&(event, subevents)| {
         subevents
             .iter()
             .all(|&sub| unsafe { supported(event, sub) } != 0)
@@ -63,14 +63,12 @@ pub(crate) fn watch(ctx: &Context) -> Result<(), RedisError> {
     if !all_supported {
         return Ok(());
     }
-    for (id, _) in events {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
+    for &(event, _) in &events {
         // SAFETY: OnLoad context; the callback has the signature the server calls.
         if unsafe { subscribe(ctx.ctx, event, Some(on_change)) } != raw::REDISMODULE_OK as c_int {
             // Half a watch would keep a stale answer: drop it (no callback unsubscribes) and
             // stay UNKNOWN.
-            for (id, _) in events {
-                let event = raw::RedisModuleEvent { id, dataver: 1 };
+            for &(event, _) in &events {
                 // SAFETY: as above.
                 unsafe { subscribe(ctx.ctx, event, None) };
             }

@@ -400,6 +400,15 @@ fn expect_shared(flavor: Flavor, version: (u32, u32, u32)) -> bool {
     }
 }
 
+/// `OBJECT REFCOUNT key`: above 1 where the key's value is shared.
+fn refcount(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("OBJECT")
+        .arg("REFCOUNT")
+        .arg(key)
+        .query(c)
+        .unwrap()
+}
+
 fn object(c: &mut Connection, sub: &str, key: &str) -> redis::Value {
     redis::cmd("OBJECT").arg(sub).arg(key).query(c).unwrap()
 }
@@ -414,20 +423,16 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
         for i in 0..50 {
             rl_check(&mut c, &format!("k{i}"), "1000", 10, 10);
         }
-        let refcount: i64 = redis::cmd("OBJECT")
-            .arg("REFCOUNT")
-            .arg("k0")
-            .query(&mut c)
-            .unwrap();
+        let count = refcount(&mut c, "k0");
         if shared {
             assert!(
-                refcount > 1,
-                "{flavor:?} {version:?}: value not shared (refcount {refcount})"
+                count > 1,
+                "{flavor:?} {version:?}: value not shared (refcount {count})"
             );
         } else {
             // Stored by the server's own SET: integer-encoded, one object per key, costing
             // what the same SET costs.
-            assert_eq!(refcount, 1, "{flavor:?} {version:?}: shared");
+            assert_eq!(count, 1, "{flavor:?} {version:?}: shared");
             assert_eq!(
                 object(&mut c, "ENCODING", "k0"),
                 redis::Value::BulkString(b"int".to_vec()),
@@ -490,13 +495,6 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
                 .query(c)
                 .unwrap();
         };
-        let refcount = |c: &mut Connection, key: &str| -> i64 {
-            redis::cmd("OBJECT")
-                .arg("REFCOUNT")
-                .arg(key)
-                .query(c)
-                .unwrap()
-        };
         config_set(&mut c, "maxmemory", "1gb");
         config_set(&mut c, "maxmemory-policy", "allkeys-lru");
         rl_check(&mut c, "lru-on", "1000", 10, 10);
@@ -522,12 +520,11 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
         let mut c = s.conn();
         rl_check(&mut c, "a", "0.001", 10, 10);
         rl_check(&mut c, "b", "0.001", 10, 10);
-        let refcount: i64 = redis::cmd("OBJECT")
-            .arg("REFCOUNT")
-            .arg("a")
-            .query(&mut c)
-            .unwrap();
-        assert_eq!(refcount, 1, "{flavor:?}: shared under allkeys-lru");
+        assert_eq!(
+            refcount(&mut c, "a"),
+            1,
+            "{flavor:?}: shared under allkeys-lru"
+        );
         assert_eq!(
             object(&mut c, "ENCODING", "a"),
             redis::Value::BulkString(b"int".to_vec()),
@@ -572,13 +569,9 @@ fn a_promoted_replica_stops_sharing_under_an_lru_policy() {
         for i in 0..10 {
             rl_check(&mut c, &format!("p{i}"), "1000", 10, 10);
         }
-        let refcount: i64 = redis::cmd("OBJECT")
-            .arg("REFCOUNT")
-            .arg("p0")
-            .query(&mut c)
-            .unwrap();
         assert_eq!(
-            refcount, 1,
+            refcount(&mut c, "p0"),
+            1,
             "{flavor:?}: shared after promotion under allkeys-lru"
         );
     }
