@@ -3,11 +3,16 @@
  * own ceiling, where the server never sleeps; loadgen is an open loop at a set rate, where
  * both sides pay for waking an idle CPU. This sends the same RL.CHECK the same way loadgen
  * does (open loop, due times every 1/rate s, N connections taken in turn, latency from the
- * due time), with nothing but system calls: one thread, epoll, a 50 us timerfd for pacing
- * (loadgen's pacer wakes as often), and, per connection and tick, one write of every check
- * that fell due (loadgen's connections share writes between checks in flight the same way).
+ * due time), with nothing but system calls in one thread, and, per connection and tick, one
+ * write of every check that fell due (loadgen's connections share writes between checks in
+ * flight the same way).
  *
- *   paced PORT RATE SECONDS [CONNS=10] [KEYS=200000]
+ *   paced PORT RATE SECONDS [CONNS=10] [KEYS=200000] [TICK_US=50] [wake|sleep]
+ *
+ * wake (default): epoll wakes it for each reply and for a timerfd every TICK_US, as
+ * loadgen's runtime is woken. sleep: it sleeps to each tick, then reads the replies that
+ * came in meanwhile and writes the checks that fell due: one wake-up per tick, the least CPU
+ * an open loop at that tick can spend (replies wait up to a tick, in their latency).
  *
  * Prints one line: checks, checks/s, p50/p99/p99.9 us, CPU us per check (user + system,
  * getrusage). An error reply ends it with status 1. Built by scripts/bench/e2e with the system C compiler.
@@ -101,7 +106,7 @@ static int read_replies(struct conn *c) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: paced PORT RATE SECONDS [CONNS] [KEYS]\n");
+        fprintf(stderr, "usage: paced PORT RATE SECONDS [CONNS] [KEYS] [TICK_US] [wake|sleep]\n");
         return 2;
     }
     int port = atoi(argv[1]);
@@ -109,6 +114,11 @@ int main(int argc, char **argv) {
     int nconns = argc > 4 ? atoi(argv[4]) : 10;
     long keys = argc > 5 ? atol(argv[5]) : 200000;
     long tick_us = argc > 6 ? atol(argv[6]) : 50;
+    int sleep_ticks = argc > 7 && strcmp(argv[7], "sleep") == 0;
+    if (argc > 7 && !sleep_ticks && strcmp(argv[7], "wake") != 0) {
+        fprintf(stderr, "paced: the mode is wake or sleep\n");
+        return 2;
+    }
     if (port <= 0 || rate <= 0 || seconds <= 0 || nconns < 1 || nconns > MAX_CONNS || keys < 1 ||
         tick_us < 1 || tick_us > 999999) {
         fprintf(stderr, "paced: bad arguments\n");
@@ -135,7 +145,7 @@ int main(int argc, char **argv) {
     }
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
     struct itimerspec every = {{0, tick_us * 1000}, {0, tick_us * 1000}};
-    timerfd_settime(tfd, 0, &every, NULL);
+    if (!sleep_ticks) timerfd_settime(tfd, 0, &every, NULL);
     struct epoll_event tev = {.events = EPOLLIN, .data.u32 = MAX_CONNS};
     epoll_ctl(ep, EPOLL_CTL_ADD, tfd, &tev);
 
@@ -153,7 +163,18 @@ int main(int argc, char **argv) {
             end = t + 1000000000u; /* a second for the last answers */
         }
         if (!pacing && (answered >= sent || t >= end)) break;
-        int n = epoll_wait(ep, evs, MAX_CONNS + 1, 10);
+        int n;
+        if (sleep_ticks) {
+            /* Asleep until the tick, then whatever is ready, then the tick itself. */
+            uint64_t into = (now_ns() - start) % (uint64_t)(tick_us * 1000);
+            struct timespec nap = {0, (long)((uint64_t)tick_us * 1000 - into)};
+            nanosleep(&nap, NULL);
+            n = epoll_wait(ep, evs, MAX_CONNS, 0);
+            if (n < 0) n = 0;
+            evs[n++].data.u32 = MAX_CONNS;
+        } else {
+            n = epoll_wait(ep, evs, MAX_CONNS + 1, 10);
+        }
         for (int e = 0; e < n; e++) {
             uint32_t i = evs[e].data.u32;
             if (i == MAX_CONNS) {
