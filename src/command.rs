@@ -181,6 +181,13 @@ fn context_call(
 
 /// `RL.CHECK key rate burst [cost]` → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 fn check_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
+    check_single(ctx, args, false)
+}
+
+/// One limit checked: `RL.CHECK`, or with `in_array` a one-limit `RL.CHECKALL`, whose reply is
+/// the same decision inside an array of one. Nothing is replied before the bucket is written,
+/// so an error is the whole reply.
+fn check_single(ctx: &Context, args: &[Arg], in_array: bool) -> Result<bool, RedisError> {
     let (key, rate, burst, cost) = match args {
         [_, key, rate, burst] => (key, rate, burst, None),
         [_, key, rate, burst, cost] => (key, rate, burst, Some(cost)),
@@ -195,6 +202,9 @@ fn check_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
     let d = check(&parsed.limit, cost, bucket.tat(), now());
     if d.changed {
         bucket.write(ctx, d.tat, parsed.class)?;
+    }
+    if in_array {
+        raw::reply_with_array(ctx.ctx, 1);
     }
     reply(ctx, &d);
     Ok(d.allowed)
@@ -221,6 +231,11 @@ fn settle_one(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
 /// `RL.CHECKALL key rate burst cost [key rate burst cost ...]` → one reply of `RL.CHECK` per
 /// limit; tokens are taken from all buckets or from none.
 fn check_many(ctx: &Context, args: &[Arg]) -> Result<bool, RedisError> {
+    // One limit, the common case (a policy with a single rate): `RL.CHECK`'s path, without the
+    // bucket table's vectors (about 2 000 instructions of a 9 000-instruction call).
+    if args.len() == 5 {
+        return check_single(ctx, args, true);
+    }
     {
         if args.len() < 5 || !(args.len() - 1).is_multiple_of(4) {
             return Err(RedisError::WrongArity);

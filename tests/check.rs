@@ -340,6 +340,38 @@ fn checkall_is_all_or_nothing() {
 }
 
 #[test]
+fn one_limit_checkall_is_rl_check_in_an_array() {
+    for t in targets("one") {
+        let mut c = t.conn();
+        let k = t.key("o");
+        let mut seen = Vec::new();
+        for i in 0..6 {
+            let before = (dump(&mut c, &k), pexpiretime(&mut c, &k));
+            let r = if i % 2 == 0 {
+                let r = checkall(&mut c, &[&k, PER_HOUR_1, "3", "1"]);
+                assert_eq!(r.len(), 1, "{}: one reply per limit", t.name);
+                r[0]
+            } else {
+                rl_check(&mut c, &k, PER_HOUR_1, 3, 1)
+            };
+            let after = (dump(&mut c, &k), pexpiretime(&mut c, &k));
+            // A refusal writes nothing, whichever command asked.
+            assert_eq!(r.0 == 0, before == after, "{}: call {i}: {r:?}", t.name);
+            seen.push((r.0, r.1, r.2 > 0));
+        }
+        let want = [
+            (1, 2, false),
+            (1, 1, false),
+            (1, 0, false),
+            (0, 0, true),
+            (0, 0, true),
+            (0, 0, true),
+        ];
+        assert_eq!(seen, want, "{}", t.name);
+    }
+}
+
+#[test]
 fn checkall_same_key_twice_counts_both() {
     for t in targets("dup") {
         let mut c = t.conn();

@@ -61,6 +61,13 @@ const BAD: &[(&[&str], &str)] = &[
         &["RL.CHECKALL", "K", "1", "1", "1", "K2"],
         "wrong number of arguments",
     ),
+    // One limit (the path shared with RL.CHECK): the same errors.
+    (&["RL.CHECKALL", "K", "0", "5", "1"], "greater than 0"),
+    (&["RL.CHECKALL", "K", "1", "0", "1"], "burst must be"),
+    (
+        &["RL.CHECKALL", "K", "1", "5", "x"],
+        "cost must be an integer >= 0",
+    ),
     // The first limit is valid: it must not be taken when the second one is bad.
     (
         &["RL.CHECKALL", "K", "1", "5", "1", "K", "1", "0", "1"],
@@ -138,6 +145,7 @@ fn keys_that_are_not_buckets_are_refused_untouched() {
             .unwrap();
         for cmd in [
             &["RL.CHECK", &list, "1", "1"][..],
+            &["RL.CHECKALL", &list, "1", "1", "1"],
             &["RL.SETTLE", &list, "1", "1", "1"],
         ] {
             let err = expect_err(&mut c, cmd);
@@ -177,6 +185,8 @@ fn keys_that_are_not_buckets_are_refused_untouched() {
                 &mut c,
                 &["RL.CHECKALL", &good, "1", "5", "1", &k, "1", "1", "1"],
             );
+            assert!(err.contains("not a rate-limit bucket"), "{}: {err}", t.name);
+            let err = expect_err(&mut c, &["RL.CHECKALL", &k, "1", "1", "1"]);
             assert!(err.contains("not a rate-limit bucket"), "{}: {err}", t.name);
             let err = expect_err(&mut c, &["RL.SETTLE", &k, "1", "5", "1"]);
             assert!(err.contains("not a rate-limit bucket"), "{}: {err}", t.name);
