@@ -25,7 +25,7 @@
 //! `/proc/self/stat`, all threads), the part of it its pacing thread spent (asking to wake
 //! every 50 µs, ~180 µs with the kernel's timer slack, to hand the runtime the checks that fell due: load generation, not the client;
 //! a closed-loop C client has none), and, on a single server, the server's CPU per call (`INFO
-//! cpu` delta over `RL.CHECKALL` calls), for comparison with a C client's.
+//! cpu` delta over `RL.CHECK` and `RL.CHECKALL` calls), for comparison with a C client's.
 
 use hdrhistogram::Histogram;
 use redis_ratelimit_client::region::RegionalLimiter;
@@ -501,7 +501,7 @@ fn cpu_of(stat: &str) -> Cpu {
     }
 }
 
-/// The server's CPU seconds and `RL.CHECKALL` calls, from `INFO`.
+/// The server's CPU seconds and `RL.CHECK`/`RL.CHECKALL` calls, from `INFO`.
 #[derive(Debug, Clone, Copy)]
 struct ServerCpu {
     cpu_s: f64,
@@ -518,12 +518,15 @@ impl ServerCpu {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0.0)
         };
-        let calls = info
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_rl.checkall:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
+        // The client sends `RL.CHECK` for one limit, `RL.CHECKALL` for several.
+        let calls_of = |command: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(command))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let calls = calls_of("cmdstat_rl.check:calls=") + calls_of("cmdstat_rl.checkall:calls=");
         Some(Self {
             cpu_s: field("used_cpu_sys:") + field("used_cpu_user:"),
             calls,

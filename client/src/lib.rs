@@ -1,4 +1,5 @@
-//! Global rate limiting for apps, on the `redis-ratelimit` module's `RL.CHECKALL`.
+//! Global rate limiting for apps, on the `redis-ratelimit` module's `RL.CHECKALL` (`RL.CHECK`
+//! for one limit).
 //!
 //! One quota shared by every pod, checked in one round trip, and a limiter that never
 //! becomes the outage:

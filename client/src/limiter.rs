@@ -133,7 +133,7 @@ impl LimiterBuilder {
     }
 
     /// Uses the Lua script even where the module is loaded (it is also chosen by itself
-    /// when the server does not know `RL.CHECKALL`).
+    /// when the server does not know the module's commands).
     pub fn force_script(mut self, yes: bool) -> Self {
         self.force_script = yes;
         self
@@ -588,8 +588,8 @@ impl Limiter {
         Decision::from_outcomes(outcomes, Source::DenyCache)
     }
 
-    /// One `RL.CHECKALL` for the subject's own buckets, then one per sharded policy (a
-    /// peek when the first was refused, so nothing is taken from them).
+    /// One `RL.CHECKALL` for the subject's own buckets (`RL.CHECK` for one), then one per
+    /// sharded policy (a peek when the first was refused, so nothing is taken from them).
     async fn ask_store(
         &self,
         asking: &Mutex<Arc<Node>>,

@@ -167,11 +167,19 @@ impl Store {
                 .map(|i| i.key.len() + i.rate.len() + 2 * 20)
                 .sum::<usize>();
             let mut cmd = redis::Cmd::with_capacity(1 + 4 * items.len(), 11 + bytes);
-            cmd.arg("RL.CHECKALL");
+            // One limit (the common case): `RL.CHECK`, whose flat reply is one array fewer
+            // for redis-rs to parse and allocate.
+            let single = items.len() == 1;
+            cmd.arg(if single { "RL.CHECK" } else { "RL.CHECKALL" });
             for i in items {
                 cmd.arg(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
             }
-            match cmd.query_async::<Vec<Reply>>(&mut conn).await {
+            let answer = if single {
+                cmd.query_async::<Reply>(&mut conn).await.map(|r| vec![r])
+            } else {
+                cmd.query_async::<Vec<Reply>>(&mut conn).await
+            };
+            match answer {
                 Ok(r) => return check_len(r, items.len()),
                 Err(e) if is_unknown_command(&e) => self.switch_to_script(),
                 Err(e) => return Err(StoreError::from_redis(e)),

@@ -70,7 +70,7 @@ async fn deny_cache_saves_round_trips_until_retry_after() {
             .unwrap();
         let mut c = t.conn();
         let calls = |c: &mut redis::Connection| {
-            ["rl.checkall", "evalsha", "eval"]
+            ["rl.check", "rl.checkall", "evalsha", "eval"]
                 .iter()
                 .map(|n| command_calls(c, n))
                 .sum::<i64>()
