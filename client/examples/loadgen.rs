@@ -5,8 +5,12 @@
 //! ```text
 //! cargo run --release -p redis-ratelimit-client --example loadgen -- \
 //!   --redis redis://127.0.0.1:6379 --pods 10 --keys 200000 --rate 50000 --duration 10 \
-//!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1]
+//!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1] \
+//!   [--tick-us 50] [--warmup-secs 0]
 //! ```
+//!
+//! `--warmup-secs W` runs the same open loop for W seconds first, unrecorded: counts,
+//! latency and CPU are those of the `--duration` seconds after it.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -22,10 +26,13 @@
 //! `allowed_bound` = burst + limit / period × elapsed seconds.
 //!
 //! Also reported: the load generator's own CPU per check (user and system, from
-//! `/proc/self/stat`, all threads), the part of it its pacing thread spent (asking to wake
-//! every 50 µs, ~180 µs with the kernel's timer slack, to hand the runtime the checks that fell due: load generation, not the client;
-//! a closed-loop C client has none), and, on a single server, the server's CPU per call (`INFO
-//! cpu` delta over `RL.CHECK` and `RL.CHECKALL` calls), for comparison with a C client's.
+//! `/proc/self/stat`, all threads), the part of it its pacing thread spent (load generation,
+//! not the client; a closed-loop C client has none), the pacer's mean tick as it really ran
+//! (`pacer_tick_us`: it asks to sleep `--tick-us`, 50 µs by default, and the kernel's timer
+//! slack makes that ~180 µs here; each tick hands the runtime the checks that fell due, so
+//! a longer tick wakes both sides less often and adds up to a tick of latency), and, on a
+//! single server, the server's CPU per call (`INFO cpu` delta over `RL.CHECK` and
+//! `RL.CHECKALL` calls), for comparison with a C client's.
 
 use hdrhistogram::Histogram;
 use redis_ratelimit_client::region::RegionalLimiter;
@@ -50,6 +57,8 @@ struct Args {
     regions: usize,
     region_weights: Vec<f64>,
     rebalance_secs: f64,
+    tick_us: u64,
+    warmup_secs: f64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -68,6 +77,8 @@ fn parse() -> Result<Args, String> {
         regions: 0,
         region_weights: Vec::new(),
         rebalance_secs: 2.0,
+        tick_us: 50,
+        warmup_secs: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -93,8 +104,13 @@ fn parse() -> Result<Args, String> {
                 a.region_weights = v.split(',').map(num).collect::<Result<_, _>>()?;
             }
             "--rebalance-secs" => a.rebalance_secs = num(&v)?,
+            "--tick-us" => a.tick_us = num(&v)? as u64,
+            "--warmup-secs" => a.warmup_secs = num(&v)?,
             _ => return Err(format!("unknown flag {flag}")),
         }
+    }
+    if !(a.warmup_secs >= 0.0 && a.duration > 0.0) {
+        return Err("--warmup-secs must be at least 0 and --duration above 0".into());
     }
     if a.pods == 0 || a.keys == 0 || a.rate == 0 {
         return Err("--pods, --keys and --rate must be at least 1".into());
@@ -211,38 +227,60 @@ async fn run(a: Args) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // A blocking call on the runtime's only thread: fine here, outside the measured window.
-    let server = (!a.cluster && a.regions == 0)
-        .then(|| ServerCpu::read(&a.redis))
-        .flatten();
-    let cpu_before = process_cpu();
     let counts = Arc::new(Counts::default());
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
-    // Pacing runs on its own thread, asking to wake every 50 us (finer than tokio's 1 ms
-    // timer; ~180 us here with the kernel's timer slack);
-    // each wake hands the runtime one batch of due checks, so the cross-thread wake-up is
-    // paid per batch, not per check.
+    // Pacing runs on its own thread, asking to wake every `--tick-us` (finer than tokio's
+    // 1 ms timer; 50 us asked is ~180 us here with the kernel's timer slack); each wake hands
+    // the runtime one batch of due checks, so the cross-thread wake-up is paid per batch,
+    // not per check.
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let end = Duration::from_secs_f64(a.duration);
+    // Checks due before `measured` are the warm-up's: run, not recorded.
+    let warmup = Duration::from_secs_f64(a.warmup_secs);
+    let measured = started + warmup;
+    let end = warmup + Duration::from_secs_f64(a.duration);
+    // The measured window's CPU starts at its first instant: the process's read then by a
+    // task (the server's INFO on a blocking thread, not the runtime's), the pacer's by itself.
+    let window_start = {
+        let url = (!a.cluster && a.regions == 0).then(|| a.redis.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measured.into()).await;
+            let cpu = process_cpu();
+            let server = match url {
+                Some(url) => tokio::task::spawn_blocking(move || ServerCpu::read(&url))
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            (cpu, server)
+        })
+    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
-    let rate = a.rate;
+    let (rate, tick) = (a.rate, Duration::from_micros(a.tick_us));
     let pacer = std::thread::spawn(move || {
-        let cpu_before = thread_cpu();
-        let mut launched: u64 = 0;
+        let mut cpu_before = None;
+        let (mut launched, mut ticks) = (0u64, 0u64);
         loop {
             let elapsed = started.elapsed();
+            let cpu_since = |before: Option<Cpu>| thread_cpu().since(before.unwrap_or_default());
             if elapsed >= end {
-                return (launched, thread_cpu().since(cpu_before));
+                return (launched, ticks, cpu_since(cpu_before));
+            }
+            if elapsed >= warmup && cpu_before.is_none() {
+                cpu_before = Some(thread_cpu());
             }
             let due = (elapsed.as_secs_f64() * rate as f64) as u64;
             if due > launched && tx.send((launched, due)).is_err() {
-                return (launched, thread_cpu().since(cpu_before));
+                return (launched, ticks, cpu_since(cpu_before));
             }
             launched = launched.max(due);
-            std::thread::sleep(Duration::from_micros(50));
+            std::thread::sleep(tick);
+            if cpu_before.is_some() {
+                ticks += 1;
+            }
         }
     });
     let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
@@ -262,26 +300,31 @@ async fn run(a: Args) {
             let due = started + per_check.mul_f64(i as f64);
             tokio::spawn(async move {
                 let d = limiter.check_one(&policy, subject.as_str(), 1).await;
-                if d.as_ref().is_ok_and(Decision::is_allowed) {
-                    per_region_allowed[region].fetch_add(1, Relaxed);
+                if due >= measured {
+                    if d.as_ref().is_ok_and(Decision::is_allowed) {
+                        per_region_allowed[region].fetch_add(1, Relaxed);
+                    }
+                    let us = due.elapsed().as_micros() as u64;
+                    if let Ok(mut h) = hist.lock() {
+                        let _ = h.record(us.max(1));
+                    }
+                    counts.record(&d);
                 }
-                let us = due.elapsed().as_micros() as u64;
-                if let Ok(mut h) = hist.lock() {
-                    let _ = h.record(us.max(1));
-                }
-                counts.record(&d);
                 done.fetch_add(1, Relaxed);
             });
         }
     }
-    let (launched, pacer_cpu) = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
-        .await
-        .expect("pacer");
+    let (launched, ticks, pacer_cpu) =
+        tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+            .await
+            .expect("pacer");
     while done.load(Relaxed) < launched {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu = process_cpu().since(cpu_before);
+    let elapsed = measured.elapsed().as_secs_f64();
+    let cpu_after = process_cpu();
+    let (cpu_before, server) = window_start.await.expect("window start");
+    let cpu = cpu_after.since(cpu_before);
     let server_us = server
         .and_then(|before| Some((before, ServerCpu::read(&a.redis)?)))
         .map(|(b, now)| now.per_call_us(&b));
@@ -327,6 +370,7 @@ async fn run(a: Args) {
             "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1},",
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
             "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
+            "\"pacer_tick_us\":{:.0},",
             "\"server_cpu_us_per_call\":{}{}}}"
         ),
         n(&c.checks),
@@ -352,6 +396,7 @@ async fn run(a: Args) {
         cpu.user_us / n(&c.checks).max(1) as f64,
         cpu.sys_us / n(&c.checks).max(1) as f64,
         pacer_cpu.total_us() / n(&c.checks).max(1) as f64,
+        elapsed * 1e6 / ticks.max(1) as f64,
         server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
         regional,
     );
