@@ -1,11 +1,21 @@
 //! Circuit breaker: after repeated transport failures, stop calling a sick store and answer
-//! locally at once; let one probe through every `probe_interval`; close on its success.
+//! locally at once; let one probe through, first after [`FIRST_PROBE`], then at twice the
+//! wait after each failed probe, up to every `probe_interval`; close on a probe's success.
+//!
+//! The short first wait is for the store that only stalled: at thousands of checks a second,
+//! one stall past the timeout (a slow command, a fork, the host) fails a pod's threshold of
+//! calls at once. Probing only every `probe_interval` (2 s by default) then sent every check
+//! of every pod to its local bucket for 2 s; measured at 50k checks/s over 10 pods, a 15 ms
+//! `CLIENT PAUSE` moved 40% of a 5 s run's checks off the store.
 //!
 //! Only transport failures (timeout, refused, dropped) count: an `ERR` reply proves the
 //! store is up.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The first probe's wait after the breaker opens (or `probe_interval`, if shorter).
+pub(crate) const FIRST_PROBE: Duration = Duration::from_millis(50);
 
 /// What the breaker lets a call do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,13 +33,16 @@ enum State {
     Closed {
         failures: u32,
     },
+    /// `wait`: how long this opening lasts; doubled by each failed probe.
     Open {
         until: Instant,
+        wait: Duration,
     },
-    /// A probe is out since `since`; if it never reports back (its caller was cancelled),
-    /// another is let through after a probe interval.
+    /// A probe is out; if it never reports back (its caller was cancelled), another is let
+    /// through at `until`.
     HalfOpen {
-        since: Instant,
+        until: Instant,
+        wait: Duration,
     },
 }
 
@@ -42,8 +55,9 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    /// Opens after `threshold` consecutive transport failures; probes every `probe_interval`
-    /// (at most a day, so that `now + probe_interval` cannot overflow).
+    /// Opens after `threshold` consecutive transport failures; probes after [`FIRST_PROBE`],
+    /// then backs off to every `probe_interval` (at most a day, so that `now + probe_interval`
+    /// cannot overflow).
     pub(crate) fn new(threshold: u32, probe_interval: Duration) -> Self {
         Self {
             state: Mutex::new(State::Closed { failures: 0 }),
@@ -61,12 +75,13 @@ impl Breaker {
         let mut s = self.lock();
         match *s {
             State::Closed { .. } => Admission::Call,
-            State::Open { until } | State::HalfOpen { since: until } if now < until => {
+            State::Open { until, .. } | State::HalfOpen { until, .. } if now < until => {
                 Admission::Reject(until)
             }
-            State::Open { .. } | State::HalfOpen { .. } => {
+            State::Open { wait, .. } | State::HalfOpen { wait, .. } => {
                 *s = State::HalfOpen {
-                    since: now + self.probe_interval,
+                    until: now + self.probe_interval,
+                    wait,
                 };
                 Admission::Probe
             }
@@ -84,20 +99,23 @@ impl Breaker {
     /// Records a transport failure. Returns true if this opened the breaker.
     pub(crate) fn on_failure(&self, now: Instant) -> bool {
         let mut s = self.lock();
-        let until = now + self.probe_interval;
-        match *s {
+        let wait = match *s {
             State::Closed { failures } if failures + 1 < self.threshold => {
                 *s = State::Closed {
                     failures: failures + 1,
                 };
-                false
+                return false;
             }
-            State::Closed { .. } | State::HalfOpen { .. } => {
-                *s = State::Open { until };
-                true
-            }
-            State::Open { .. } => false,
-        }
+            State::Closed { .. } => FIRST_PROBE.min(self.probe_interval),
+            // A failed probe: the store is still out, wait twice as long.
+            State::HalfOpen { wait, .. } => wait.saturating_mul(2).min(self.probe_interval),
+            State::Open { .. } => return false,
+        };
+        *s = State::Open {
+            until: now + wait,
+            wait,
+        };
+        true
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -120,18 +138,61 @@ mod tests {
         assert!(!b.on_failure(t0));
         assert!(!b.on_failure(t0));
         assert!(b.on_failure(t0), "third consecutive failure opens");
-        assert_eq!(b.admit(t0), Admission::Reject(t0 + Duration::from_secs(2)));
-        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(b.admit(t0), Admission::Reject(t0 + FIRST_PROBE));
+        let t1 = t0 + FIRST_PROBE;
         assert_eq!(b.admit(t1), Admission::Probe);
         assert!(
             matches!(b.admit(t1), Admission::Reject(_)),
             "one probe at a time"
         );
         assert!(b.on_failure(t1), "a failed probe reopens");
-        let t2 = t1 + Duration::from_secs(2);
+        let t2 = t1 + 2 * FIRST_PROBE;
+        assert_eq!(
+            b.admit(t2 - Duration::from_millis(1)),
+            Admission::Reject(t2)
+        );
         assert_eq!(b.admit(t2), Admission::Probe);
         assert!(b.on_success(), "a good probe closes");
         assert_eq!(b.admit(t2), Admission::Call);
+    }
+
+    #[test]
+    fn probes_back_off_to_the_interval_and_start_over_once_closed() {
+        let interval = Duration::from_secs(2);
+        let b = Breaker::new(1, interval);
+        let mut now = Instant::now();
+        assert!(b.on_failure(now));
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let Admission::Reject(until) = b.admit(now) else {
+                panic!("open breaker let a call through");
+            };
+            waits.push(until - now);
+            now = until;
+            assert_eq!(b.admit(now), Admission::Probe);
+            assert!(b.on_failure(now), "the probe failed: open again");
+        }
+        let ms = |n: u64| Duration::from_millis(n);
+        assert_eq!(
+            waits,
+            [50, 100, 200, 400, 800, 1600, 2000, 2000].map(ms),
+            "doubling from the first probe to the interval"
+        );
+        assert_eq!(b.admit(now + interval), Admission::Probe);
+        assert!(b.on_success());
+        assert!(b.on_failure(now), "closed: the threshold opens it again");
+        assert_eq!(b.admit(now), Admission::Reject(now + FIRST_PROBE));
+    }
+
+    #[test]
+    fn a_short_probe_interval_caps_the_first_wait() {
+        let b = Breaker::new(1, Duration::from_millis(10));
+        let t0 = Instant::now();
+        assert!(b.on_failure(t0));
+        assert_eq!(
+            b.admit(t0),
+            Admission::Reject(t0 + Duration::from_millis(10))
+        );
     }
 
     #[test]

@@ -107,8 +107,10 @@ impl LimiterBuilder {
         self
     }
 
-    /// How often an open breaker lets one probe through (default 2 s, at most an hour);
-    /// also the Retry-After of fail-closed refusals.
+    /// How often an open breaker lets one probe through once it has backed off (default 2 s,
+    /// at most an hour): the first probe goes 50 ms after the breaker opens (a store that
+    /// only stalled is asked again at once), each failed one doubles the wait up to this.
+    /// Also the Retry-After of fail-closed refusals when no probe is due sooner.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval.min(MAX_PROBE_INTERVAL);
         self

@@ -213,9 +213,9 @@ async fn breaker_stops_hammering_and_probes() {
     let decisions = |c: &HashMap<String, u64>| c.get("ratelimit_decisions_total").copied();
 
     let mut s = Server::start(Flavor::Valkey);
-    // Opens after 3 failures, probes every PROBE. A killed server refuses connections at
-    // once, so a generous timeout changes nothing below and keeps a slow first check on a
-    // loaded machine from counting as a failure.
+    // Opens after 3 failures, probes after 50 ms, then backs off to every PROBE. A killed
+    // server refuses connections at once, so a generous timeout changes nothing below and
+    // keeps a slow first check on a loaded machine from counting as a failure.
     let l = Limiter::builder(s.url())
         .timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(200))
