@@ -29,7 +29,7 @@
 //! `/proc/self/stat`, all threads), the part of it its pacing thread spent (load generation,
 //! not the client; a closed-loop C client has none), the pacer's mean tick as it really ran
 //! (`pacer_tick_us`: it asks to sleep `--tick-us`, 50 µs by default, and the kernel's timer
-//! slack makes that ~180 µs here; each tick hands the runtime the checks that fell due, so
+//! slack makes that ~145-180 µs here; each tick hands the runtime the checks that fell due, so
 //! a longer tick wakes both sides less often and adds up to a tick of latency), and, on a
 //! single server, the server's CPU per call (`INFO cpu` delta over `RL.CHECK` and
 //! `RL.CHECKALL` calls), for comparison with a C client's.
@@ -232,7 +232,7 @@ async fn run(a: Args) {
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
     // Pacing runs on its own thread, asking to wake every `--tick-us` (finer than tokio's
-    // 1 ms timer; 50 us asked is ~180 us here with the kernel's timer slack); each wake hands
+    // 1 ms timer; 50 us asked is ~145-180 us here with the kernel's timer slack); each wake hands
     // the runtime one batch of due checks, so the cross-thread wake-up is paid per batch,
     // not per check.
     let done = Arc::new(AtomicU64::new(0));
