@@ -1,6 +1,9 @@
 //! Circuit breaker: after repeated transport failures, stop calling a sick store and answer
 //! locally at once; let one probe through, first after [`FIRST_PROBE`], then at twice the
 //! wait after each failed probe, up to every `probe_interval`; close on a probe's success.
+//! A breaker that opens again within `probe_interval` of closing starts from twice its last
+//! wait, not from the first: a store that answers a lone probe but fails under the full load
+//! is not given the full load again every 50 ms.
 //!
 //! The short first wait is for the store that only stalled: at thousands of checks a second,
 //! one stall past the timeout (a slow command, a fork, the host) fails a pod's threshold of
@@ -30,20 +33,16 @@ pub(crate) enum Admission {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// `recent`: when it last closed, and the wait it had then.
     Closed {
         failures: u32,
+        recent: Option<(Instant, Duration)>,
     },
     /// `wait`: how long this opening lasts; doubled by each failed probe.
-    Open {
-        until: Instant,
-        wait: Duration,
-    },
-    /// A probe is out; if it never reports back (its caller was cancelled), another is let
-    /// through at `until`.
-    HalfOpen {
-        until: Instant,
-        wait: Duration,
-    },
+    Open { until: Instant, wait: Duration },
+    /// A probe is out; if it has not reported back by `until` (its caller was cancelled, or
+    /// its answer went to another node's breaker), another is let through.
+    HalfOpen { until: Instant, wait: Duration },
 }
 
 /// A circuit breaker, with time passed in.
@@ -60,7 +59,10 @@ impl Breaker {
     /// cannot overflow).
     pub(crate) fn new(threshold: u32, probe_interval: Duration) -> Self {
         Self {
-            state: Mutex::new(State::Closed { failures: 0 }),
+            state: Mutex::new(State::Closed {
+                failures: 0,
+                recent: None,
+            }),
             threshold: threshold.max(1),
             probe_interval: probe_interval.min(Duration::from_secs(86_400)),
         }
@@ -79,8 +81,10 @@ impl Breaker {
                 Admission::Reject(until)
             }
             State::Open { wait, .. } | State::HalfOpen { wait, .. } => {
+                // Given up on after the wait a failure would bring: not a whole
+                // `probe_interval` of no probe for one lost caller.
                 *s = State::HalfOpen {
-                    until: now + self.probe_interval,
+                    until: now + self.backed_off(wait),
                     wait,
                 };
                 Admission::Probe
@@ -88,27 +92,54 @@ impl Breaker {
         }
     }
 
-    /// Records a call that reached the store. Returns true if this closed the breaker.
-    pub(crate) fn on_success(&self) -> bool {
+    /// `wait` doubled, at most `probe_interval`.
+    fn backed_off(&self, wait: Duration) -> Duration {
+        wait.saturating_mul(2).min(self.probe_interval)
+    }
+
+    /// Records a call that reached the store, started at `now`. Returns true if this closed
+    /// the breaker.
+    pub(crate) fn on_success(&self, now: Instant) -> bool {
         let mut s = self.lock();
-        let was_open = !matches!(*s, State::Closed { .. });
-        *s = State::Closed { failures: 0 };
-        was_open
+        match *s {
+            State::Closed { recent, .. } => {
+                *s = State::Closed {
+                    failures: 0,
+                    recent,
+                };
+                false
+            }
+            State::Open { wait, .. } | State::HalfOpen { wait, .. } => {
+                *s = State::Closed {
+                    failures: 0,
+                    recent: Some((now, wait)),
+                };
+                true
+            }
+        }
     }
 
     /// Records a transport failure. Returns true if this opened the breaker.
     pub(crate) fn on_failure(&self, now: Instant) -> bool {
         let mut s = self.lock();
         let wait = match *s {
-            State::Closed { failures } if failures + 1 < self.threshold => {
+            State::Closed { failures, recent } if failures + 1 < self.threshold => {
                 *s = State::Closed {
                     failures: failures + 1,
+                    recent,
                 };
                 return false;
             }
+            // Open again soon after closing: the store is still unwell, back off further.
+            State::Closed {
+                recent: Some((closed, wait)),
+                ..
+            } if now.saturating_duration_since(closed) < self.probe_interval => {
+                self.backed_off(wait)
+            }
             State::Closed { .. } => FIRST_PROBE.min(self.probe_interval),
             // A failed probe: the store is still out, wait twice as long.
-            State::HalfOpen { wait, .. } => wait.saturating_mul(2).min(self.probe_interval),
+            State::HalfOpen { wait, .. } => self.backed_off(wait),
             State::Open { .. } => return false,
         };
         *s = State::Open {
@@ -120,6 +151,14 @@ impl Breaker {
 
     pub(crate) fn is_open(&self) -> bool {
         !matches!(*self.lock(), State::Closed { .. })
+    }
+
+    /// When the next probe may go, while the breaker is open.
+    pub(crate) fn next_probe(&self) -> Option<Instant> {
+        match *self.lock() {
+            State::Open { until, .. } => Some(until),
+            _ => None,
+        }
     }
 }
 
@@ -134,7 +173,7 @@ mod tests {
         assert_eq!(b.admit(t0), Admission::Call);
         assert!(!b.on_failure(t0));
         assert!(!b.on_failure(t0));
-        assert!(!b.on_success(), "a success resets the count");
+        assert!(!b.on_success(t0), "a success resets the count");
         assert!(!b.on_failure(t0));
         assert!(!b.on_failure(t0));
         assert!(b.on_failure(t0), "third consecutive failure opens");
@@ -152,12 +191,12 @@ mod tests {
             Admission::Reject(t2)
         );
         assert_eq!(b.admit(t2), Admission::Probe);
-        assert!(b.on_success(), "a good probe closes");
+        assert!(b.on_success(t2), "a good probe closes");
         assert_eq!(b.admit(t2), Admission::Call);
     }
 
     #[test]
-    fn probes_back_off_to_the_interval_and_start_over_once_closed() {
+    fn probes_back_off_to_the_interval_and_start_over_once_closed_long_enough() {
         let interval = Duration::from_secs(2);
         let b = Breaker::new(1, interval);
         let mut now = Instant::now();
@@ -178,10 +217,38 @@ mod tests {
             [50, 100, 200, 400, 800, 1600, 2000, 2000].map(ms),
             "doubling from the first probe to the interval"
         );
-        assert_eq!(b.admit(now + interval), Admission::Probe);
-        assert!(b.on_success());
-        assert!(b.on_failure(now), "closed: the threshold opens it again");
-        assert_eq!(b.admit(now), Admission::Reject(now + FIRST_PROBE));
+        let closed = now + interval;
+        assert_eq!(b.admit(closed), Admission::Probe);
+        assert!(b.on_success(closed));
+        let later = closed + interval;
+        assert!(b.on_failure(later), "closed: the threshold opens it again");
+        assert_eq!(b.admit(later), Admission::Reject(later + FIRST_PROBE));
+    }
+
+    #[test]
+    fn opening_again_soon_after_closing_backs_off_further() {
+        // A store that answers a lone probe but fails under the full load.
+        let interval = Duration::from_secs(2);
+        let b = Breaker::new(1, interval);
+        let mut now = Instant::now();
+        assert!(b.on_failure(now));
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            let Admission::Reject(until) = b.admit(now) else {
+                panic!("open breaker let a call through");
+            };
+            let wait = until - now;
+            waits.push(wait);
+            now = until;
+            assert_eq!(b.admit(now), Admission::Probe);
+            assert!(b.on_success(now), "the probe closes it");
+            assert_eq!(b.next_probe(), None);
+            now += Duration::from_millis(5);
+            assert!(b.on_failure(now), "the full load fails it again");
+            assert_eq!(b.next_probe(), Some(now + (2 * wait).min(interval)));
+        }
+        let ms = |n: u64| Duration::from_millis(n);
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000].map(ms));
     }
 
     #[test]
@@ -210,7 +277,13 @@ mod tests {
         b.on_failure(t0);
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(b.admit(t1), Admission::Probe);
-        // The probe's caller went away without reporting.
-        assert_eq!(b.admit(t1 + Duration::from_secs(1)), Admission::Probe);
+        // The probe's caller went away without reporting: another probe goes after the
+        // wait a failed probe would have brought (twice the first), not a whole interval.
+        let t2 = t1 + 2 * FIRST_PROBE;
+        assert_eq!(
+            b.admit(t2 - Duration::from_millis(1)),
+            Admission::Reject(t2)
+        );
+        assert_eq!(b.admit(t2), Admission::Probe);
     }
 }

@@ -361,7 +361,7 @@ impl Limiter {
         let asked = tokio::time::timeout(inner.timeout, inner.store.settle(&items)).await;
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered(&node);
+                self.store_answered(&node, now);
                 let outcomes = held
                     .iter()
                     .zip(replies)
@@ -379,7 +379,7 @@ impl Limiter {
                 self.store_failed(&node, &e);
                 Ok(self.settle_locally(held, deltas))
             }
-            Err(e) => Err(self.store_refused(&node, e)),
+            Err(e) => Err(self.store_refused(&node, e, now)),
         }
     }
 
@@ -486,24 +486,32 @@ impl Limiter {
         let last = asking.into_inner().unwrap_or_else(|p| p.into_inner());
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered(&node);
+                self.store_answered(&node, now);
                 if !Arc::ptr_eq(&last, &node) {
-                    self.store_answered(&last);
+                    self.store_answered(&last, now);
                 }
                 // Retry-After counts from the reply, not from before the round trip.
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
                 self.store_failed(&last, &e);
-                Ok(self.fallback(planned, inner.probe_interval))
+                // The next probe, if this opened the breaker (50 ms away the first time).
+                let retry = last
+                    .breaker
+                    .next_probe()
+                    .map_or(inner.probe_interval, |at| {
+                        at.saturating_duration_since(Instant::now())
+                    });
+                Ok(self.fallback(planned, retry))
             }
-            Err(e) => Err(self.store_refused(&last, e)),
+            Err(e) => Err(self.store_refused(&last, e, now)),
         }
     }
 
-    fn store_answered(&self, node: &Node) {
+    /// `node` answered a call started at `now`.
+    fn store_answered(&self, node: &Node, now: Instant) {
         node.on_answer();
-        if node.breaker.on_success() {
+        if node.breaker.on_success(now) {
             tracing::info!("ratelimit: store reachable again, breaker closed");
             self.breaker_gauge();
         }
@@ -532,11 +540,11 @@ impl Limiter {
         }
     }
 
-    fn store_refused(&self, node: &Node, e: StoreError) -> Error {
+    fn store_refused(&self, node: &Node, e: StoreError, now: Instant) -> Error {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         // The store answered: it is up, whatever the answer.
         node.on_answer();
-        node.breaker.on_success();
+        node.breaker.on_success(now);
         match e {
             StoreError::Server(e) => Error::Server(e),
             other => Error::Protocol(other.to_string()),
@@ -676,7 +684,7 @@ impl Limiter {
         };
         // The old owner answered, with a redirection: it is up.
         node.on_answer();
-        node.breaker.on_success();
+        node.breaker.on_success(Instant::now());
         through_breaker(&to)?;
         store.check_all(&to, items).await
     }

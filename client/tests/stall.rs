@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_millis(20);
 /// Longer than the timeout: the checks in flight during it time out and open the breaker.
 const PAUSE: Duration = Duration::from_millis(100);
-/// Far longer than the run: only the first, short probes can close the breaker in time.
-const PROBE_INTERVAL: Duration = Duration::from_secs(30);
+/// Longer than the run after the pause: only the first, short probes can close the breaker
+/// in time (a fixed probe would next go after the run), and the back-off stays bounded.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 const PAUSE_AT: Duration = Duration::from_millis(300);
 const RUN: Duration = Duration::from_millis(1_500);
 /// From the pause's end: the first probe (50 ms after the breaker opened, 100 ms after a
@@ -83,7 +84,7 @@ async fn a_short_stall_costs_a_short_fallback() {
             "{flavor:?}: the breaker never opened"
         );
         // ...and it was short: soon after the pause, the store answers again (before, the
-        // breaker waited a whole probe interval, here 30 s, before asking it).
+        // breaker waited a whole probe interval, here 2 s, before asking it).
         let after: Vec<Source> = seen
             .iter()
             .filter(|(at, _)| *at >= paused_at + PAUSE + RECOVERED_BY)
