@@ -8,7 +8,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Source {
-    /// The shared store (`RL.CHECKALL` or its script): the global answer.
+    /// The shared store (`RL.CHECK`, `RL.CHECKALL` or their script): the global answer.
     Store,
     /// The in-process cache of exhausted buckets; no round trip.
     DenyCache,

@@ -1,5 +1,5 @@
-//! The store: one Redis/Valkey server or a cluster, asked with `RL.CHECKALL`, or with the
-//! equivalent Lua script where the module is not loaded.
+//! The store: one Redis/Valkey server or a cluster, asked with `RL.CHECK` (one limit) or
+//! `RL.CHECKALL` (several), or with the equivalent Lua script where the module is not loaded.
 
 use crate::cluster::{parse_moved, Cluster};
 use crate::error::StoreError;
