@@ -101,18 +101,16 @@ impl Breaker {
     /// the breaker.
     pub(crate) fn on_success(&self, now: Instant) -> bool {
         let mut s = self.lock();
-        match *s {
-            State::Closed { recent, .. } => {
-                *s = State::Closed {
-                    failures: 0,
-                    recent,
-                };
+        match &mut *s {
+            State::Closed { failures, .. } => {
+                *failures = 0;
                 false
             }
             State::Open { wait, .. } | State::HalfOpen { wait, .. } => {
+                let recent = Some((now, *wait));
                 *s = State::Closed {
                     failures: 0,
-                    recent: Some((now, wait)),
+                    recent,
                 };
                 true
             }
