@@ -6,11 +6,17 @@
 //! cargo run --release -p redis-ratelimit-client --example loadgen -- \
 //!   --redis redis://127.0.0.1:6379 --pods 10 --keys 200000 --rate 50000 --duration 10 \
 //!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1] \
-//!   [--tick-us 50] [--warmup-secs 0]
+//!   [--tick-us 50] [--warmup-secs 0] [--closed N]
 //! ```
 //!
 //! `--warmup-secs W` runs the same open loop for W seconds first, unrecorded: counts,
 //! latency and CPU are those of the `--duration` seconds after it.
+//!
+//! `--closed N` runs a closed loop instead: N workers (worker w on pod w mod pods), each
+//! sending its next check when its last one returns, with no pacer (`--rate` and
+//! `--tick-us` are then unused, `pacer_*` are 0, and `closed` in the JSON is N; it is 0 in an
+//! open loop). That is `redis-benchmark -c N`'s shape: CPU per check like for like with the C
+//! client's per request. Latency is from each check's own start.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -59,6 +65,7 @@ struct Args {
     rebalance_secs: f64,
     tick_us: u64,
     warmup_secs: f64,
+    closed: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -79,6 +86,7 @@ fn parse() -> Result<Args, String> {
         rebalance_secs: 2.0,
         tick_us: 50,
         warmup_secs: 0.0,
+        closed: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -106,6 +114,7 @@ fn parse() -> Result<Args, String> {
             "--rebalance-secs" => a.rebalance_secs = num(&v)?,
             "--tick-us" => a.tick_us = num(&v)? as u64,
             "--warmup-secs" => a.warmup_secs = num(&v)?,
+            "--closed" => a.closed = num(&v)? as usize,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -114,6 +123,9 @@ fn parse() -> Result<Args, String> {
     }
     if a.pods == 0 || a.keys == 0 || a.rate == 0 {
         return Err("--pods, --keys and --rate must be at least 1".into());
+    }
+    if a.regions > 0 && a.closed > 0 {
+        return Err("--closed runs without --regions".into());
     }
     if a.regions > 0 {
         if a.cluster || a.redis.split(',').count() != a.regions {
@@ -258,69 +270,76 @@ async fn run(a: Args) {
             (cpu, server)
         })
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
-    let (rate, tick) = (a.rate, Duration::from_micros(a.tick_us));
-    let pacer = std::thread::spawn(move || {
-        let mut cpu_before = None;
-        let (mut launched, mut ticks) = (0u64, 0u64);
-        loop {
-            let elapsed = started.elapsed();
-            let cpu_since = |before: Option<Cpu>| thread_cpu().since(before.unwrap_or_default());
-            if elapsed >= end {
-                return (launched, ticks, cpu_since(cpu_before));
-            }
-            if elapsed >= warmup && cpu_before.is_none() {
-                cpu_before = Some(thread_cpu());
-            }
-            let due = (elapsed.as_secs_f64() * rate as f64) as u64;
-            if due > launched && tx.send((launched, due)).is_err() {
-                return (launched, ticks, cpu_since(cpu_before));
-            }
-            launched = launched.max(due);
-            std::thread::sleep(tick);
-            if cpu_before.is_some() {
-                ticks += 1;
-            }
-        }
-    });
-    let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
-    while let Some((from, to)) = rx.recv().await {
-        for i in from..to {
-            let region = pick_region(&cumulative);
-            let pod = region + regions * ((i as usize / regions) % per_region.max(1));
-            let limiter = if a.regions > 0 {
-                pods[pod].clone()
-            } else {
-                pods[(i % a.pods) as usize].clone()
-            };
-            let per_region_allowed = per_region_allowed.clone();
-            let subject = Subject::new(rand::random_range(0..a.keys));
-            let (policy, counts, hist, done) =
-                (policy.clone(), counts.clone(), hist.clone(), done.clone());
-            let due = started + per_check.mul_f64(i as f64);
-            tokio::spawn(async move {
-                let d = limiter.check_one(&policy, subject.as_str(), 1).await;
-                if due >= measured {
-                    if d.as_ref().is_ok_and(Decision::is_allowed) {
-                        per_region_allowed[region].fetch_add(1, Relaxed);
-                    }
-                    let us = due.elapsed().as_micros() as u64;
-                    if let Ok(mut h) = hist.lock() {
-                        let _ = h.record(us.max(1));
-                    }
-                    counts.record(&d);
+    let (ticks, pacer_cpu) = if a.closed > 0 {
+        closed_loop(&a, &pods, &policy, started + end, measured, &counts, &hist).await;
+        (0, Cpu::default())
+    } else {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+        let (rate, tick) = (a.rate, Duration::from_micros(a.tick_us));
+        let pacer = std::thread::spawn(move || {
+            let mut cpu_before = None;
+            let (mut launched, mut ticks) = (0u64, 0u64);
+            loop {
+                let elapsed = started.elapsed();
+                let cpu_since =
+                    |before: Option<Cpu>| thread_cpu().since(before.unwrap_or_default());
+                if elapsed >= end {
+                    return (launched, ticks, cpu_since(cpu_before));
                 }
-                done.fetch_add(1, Relaxed);
-            });
+                if elapsed >= warmup && cpu_before.is_none() {
+                    cpu_before = Some(thread_cpu());
+                }
+                let due = (elapsed.as_secs_f64() * rate as f64) as u64;
+                if due > launched && tx.send((launched, due)).is_err() {
+                    return (launched, ticks, cpu_since(cpu_before));
+                }
+                launched = launched.max(due);
+                std::thread::sleep(tick);
+                if cpu_before.is_some() {
+                    ticks += 1;
+                }
+            }
+        });
+        let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
+        while let Some((from, to)) = rx.recv().await {
+            for i in from..to {
+                let region = pick_region(&cumulative);
+                let pod = region + regions * ((i as usize / regions) % per_region.max(1));
+                let limiter = if a.regions > 0 {
+                    pods[pod].clone()
+                } else {
+                    pods[(i % a.pods) as usize].clone()
+                };
+                let per_region_allowed = per_region_allowed.clone();
+                let subject = Subject::new(rand::random_range(0..a.keys));
+                let (policy, counts, hist, done) =
+                    (policy.clone(), counts.clone(), hist.clone(), done.clone());
+                let due = started + per_check.mul_f64(i as f64);
+                tokio::spawn(async move {
+                    let d = limiter.check_one(&policy, subject.as_str(), 1).await;
+                    if due >= measured {
+                        if d.as_ref().is_ok_and(Decision::is_allowed) {
+                            per_region_allowed[region].fetch_add(1, Relaxed);
+                        }
+                        let us = due.elapsed().as_micros() as u64;
+                        if let Ok(mut h) = hist.lock() {
+                            let _ = h.record(us.max(1));
+                        }
+                        counts.record(&d);
+                    }
+                    done.fetch_add(1, Relaxed);
+                });
+            }
         }
-    }
-    let (launched, ticks, pacer_cpu) =
-        tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
-            .await
-            .expect("pacer");
-    while done.load(Relaxed) < launched {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+        let (launched, ticks, pacer_cpu) =
+            tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+                .await
+                .expect("pacer");
+        while done.load(Relaxed) < launched {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (ticks, pacer_cpu)
+    };
     let elapsed = measured.elapsed().as_secs_f64();
     let cpu_after = process_cpu();
     let (cpu_before, server) = window_start.await.expect("window start");
@@ -371,7 +390,7 @@ async fn run(a: Args) {
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
             "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
             "\"pacer_tick_us\":{:.0},",
-            "\"server_cpu_us_per_call\":{}{}}}"
+            "\"server_cpu_us_per_call\":{},\"closed\":{}{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -396,10 +415,56 @@ async fn run(a: Args) {
         cpu.user_us / n(&c.checks).max(1) as f64,
         cpu.sys_us / n(&c.checks).max(1) as f64,
         pacer_cpu.total_us() / n(&c.checks).max(1) as f64,
-        elapsed * 1e6 / ticks.max(1) as f64,
+        if ticks == 0 {
+            0.0
+        } else {
+            elapsed * 1e6 / ticks as f64
+        },
         server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
+        a.closed,
         regional,
     );
+}
+
+/// `--closed N`: N workers, worker w on pod w mod pods, each sending its next check when the
+/// last one returns (no pacer), until the run ends: the shape of `redis-benchmark -c N`, for
+/// CPU per check like for like. Latency is from each check's own start.
+async fn closed_loop(
+    a: &Args,
+    pods: &[Pod],
+    policy: &Policy,
+    until: Instant,
+    measured: Instant,
+    counts: &Arc<Counts>,
+    hist: &Arc<Mutex<Histogram<u64>>>,
+) {
+    let workers: Vec<_> = (0..a.closed)
+        .map(|w| {
+            let pod = pods[w % pods.len()].clone();
+            let (policy, counts, hist, keys) =
+                (policy.clone(), counts.clone(), hist.clone(), a.keys);
+            tokio::spawn(async move {
+                loop {
+                    let start = Instant::now();
+                    if start >= until {
+                        return;
+                    }
+                    let subject = Subject::new(rand::random_range(0..keys));
+                    let d = pod.check_one(&policy, subject.as_str(), 1).await;
+                    if start >= measured {
+                        let us = start.elapsed().as_micros() as u64;
+                        if let Ok(mut h) = hist.lock() {
+                            let _ = h.record(us.max(1));
+                        }
+                        counts.record(&d);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
 }
 
 /// API key number `n`, `key<n>`, written on the stack. Not a table of every key: picking
