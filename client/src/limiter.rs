@@ -8,7 +8,7 @@ use crate::local::LocalBuckets;
 use crate::node::{Node, NodeSettings};
 use crate::observe::observe;
 use crate::reservation::{Held, Reservation};
-use crate::store::{not_connected, Item, Reply, SettleItem, Store};
+use crate::store::{not_connected, Item, Replies, Reply, SettleItem, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Share};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -604,7 +604,7 @@ impl Limiter {
         &self,
         asking: &Mutex<Arc<Node>>,
         planned: &[Planned<'_>],
-    ) -> Result<Vec<Reply>, StoreError> {
+    ) -> Result<Replies, StoreError> {
         let node = lock(asking).clone();
         fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
             Item {
@@ -629,13 +629,13 @@ impl Limiter {
         if main.len() == planned.len() {
             return self.ask(asking, &node, &node, &main).await;
         }
-        let mut main_replies = if main.is_empty() {
-            Vec::new()
+        let main_replies = if main.is_empty() {
+            Replies::Many(Vec::new())
         } else {
             self.ask(asking, &node, &node, &main).await?
-        }
-        .into_iter();
-        let mut passed = main_replies.as_slice().iter().all(|r| r[0] == 1);
+        };
+        let mut passed = main_replies.iter().all(|r| r[0] == 1);
+        let mut main_replies = main_replies.iter().copied();
         let mut replies = Vec::with_capacity(planned.len());
         for p in planned {
             if p.policy.shards() == 1 {
@@ -651,14 +651,14 @@ impl Limiter {
                     .ask(asking, &node, &shard_node, &[item(p, cost)])
                     .await?;
                 let r = r
-                    .into_iter()
-                    .next()
+                    .first()
+                    .copied()
                     .ok_or_else(|| StoreError::Protocol("missing reply".into()))?;
                 passed &= r[0] == 1;
                 replies.push(r);
             }
         }
-        Ok(replies)
+        Ok(Replies::Many(replies))
     }
 
     /// One call to `node` (through its breaker unless it is `subject`'s node, admitted
@@ -669,7 +669,7 @@ impl Limiter {
         subject: &Arc<Node>,
         node: &Arc<Node>,
         items: &[Item<'_>],
-    ) -> Result<Vec<Reply>, StoreError> {
+    ) -> Result<Replies, StoreError> {
         let store = &self.inner.store;
         let through_breaker = |n: &Arc<Node>| -> Result<(), StoreError> {
             *lock(asking) = Arc::clone(n);

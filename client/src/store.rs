@@ -31,6 +31,25 @@ pub(crate) struct SettleItem<'a> {
 /// One `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 pub(crate) type Reply = [i64; 4];
 
+/// The replies of one check call, in the order of its items: one is kept inline, as a
+/// one-limit check (the common case) needs no vector.
+#[derive(Debug)]
+pub(crate) enum Replies {
+    One(Reply),
+    Many(Vec<Reply>),
+}
+
+impl std::ops::Deref for Replies {
+    type Target = [Reply];
+
+    fn deref(&self) -> &[Reply] {
+        match self {
+            Replies::One(r) => std::slice::from_ref(r),
+            Replies::Many(v) => v,
+        }
+    }
+}
+
 /// See the module docs.
 pub(crate) struct Store {
     target: Target,
@@ -158,7 +177,7 @@ impl Store {
         &self,
         node: &Node,
         items: &[Item<'_>],
-    ) -> Result<Vec<Reply>, StoreError> {
+    ) -> Result<Replies, StoreError> {
         let mut conn = node.conn();
         if !self.use_script.load(Relaxed) {
             // Sized up front: growing the buffers took 3 allocations of a check's 19.
@@ -175,9 +194,11 @@ impl Store {
                 cmd.arg(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
             }
             let answer = if single {
-                cmd.query_async::<Reply>(&mut conn).await.map(|r| vec![r])
+                cmd.query_async::<Reply>(&mut conn).await.map(Replies::One)
             } else {
-                cmd.query_async::<Vec<Reply>>(&mut conn).await
+                cmd.query_async::<Vec<Reply>>(&mut conn)
+                    .await
+                    .map(Replies::Many)
             };
             match answer {
                 Ok(r) => return check_len(r, items.len()),
@@ -193,7 +214,7 @@ impl Store {
             .invoke_async::<Vec<Reply>>(&mut conn)
             .await
             .map_err(StoreError::from_redis)?;
-        check_len(r, items.len())
+        check_len(Replies::Many(r), items.len())
     }
 }
 
@@ -292,7 +313,7 @@ impl Store {
     }
 }
 
-fn check_len(r: Vec<Reply>, want: usize) -> Result<Vec<Reply>, StoreError> {
+fn check_len<R: std::ops::Deref<Target = [Reply]>>(r: R, want: usize) -> Result<R, StoreError> {
     if r.len() == want {
         Ok(r)
     } else {
