@@ -40,9 +40,14 @@ enum State {
     },
     /// `wait`: how long this opening lasts; doubled by each failed probe.
     Open { until: Instant, wait: Duration },
-    /// A probe is out; if it has not reported back by `until` (its caller was cancelled, or
-    /// its answer went to another node's breaker), another is let through.
-    HalfOpen { until: Instant, wait: Duration },
+    /// A probe, let through at `since`, is out; if it has not reported back by `until` (its
+    /// caller was cancelled, or its answer went to another node's breaker), another is let
+    /// through.
+    HalfOpen {
+        until: Instant,
+        wait: Duration,
+        since: Instant,
+    },
 }
 
 /// A circuit breaker, with time passed in.
@@ -86,6 +91,7 @@ impl Breaker {
                 *s = State::HalfOpen {
                     until: now + self.backed_off(wait),
                     wait,
+                    since: now,
                 };
                 Admission::Probe
             }
@@ -117,10 +123,14 @@ impl Breaker {
         }
     }
 
-    /// Records a transport failure. Returns true if this opened the breaker.
-    pub(crate) fn on_failure(&self, now: Instant) -> bool {
+    /// Records a transport failure of a call let through at `admitted` (the `now` its
+    /// [`admit`](Self::admit) was given). Returns true if this opened the breaker.
+    pub(crate) fn on_failure(&self, admitted: Instant, now: Instant) -> bool {
         let mut s = self.lock();
         let wait = match *s {
+            // A call let through before the probe (one with a timeout longer than the
+            // breaker's wait): its failure is old news, not the probe's answer.
+            State::HalfOpen { since, .. } if admitted < since => return false,
             State::Closed { failures, recent } if failures + 1 < self.threshold => {
                 *s = State::Closed {
                     failures: failures + 1,
@@ -169,12 +179,12 @@ mod tests {
         let b = Breaker::new(3, Duration::from_secs(2));
         let t0 = Instant::now();
         assert_eq!(b.admit(t0), Admission::Call);
-        assert!(!b.on_failure(t0));
-        assert!(!b.on_failure(t0));
+        assert!(!b.on_failure(t0, t0));
+        assert!(!b.on_failure(t0, t0));
         assert!(!b.on_success(t0), "a success resets the count");
-        assert!(!b.on_failure(t0));
-        assert!(!b.on_failure(t0));
-        assert!(b.on_failure(t0), "third consecutive failure opens");
+        assert!(!b.on_failure(t0, t0));
+        assert!(!b.on_failure(t0, t0));
+        assert!(b.on_failure(t0, t0), "third consecutive failure opens");
         assert_eq!(b.admit(t0), Admission::Reject(t0 + FIRST_PROBE));
         let t1 = t0 + FIRST_PROBE;
         assert_eq!(b.admit(t1), Admission::Probe);
@@ -182,7 +192,7 @@ mod tests {
             matches!(b.admit(t1), Admission::Reject(_)),
             "one probe at a time"
         );
-        assert!(b.on_failure(t1), "a failed probe reopens");
+        assert!(b.on_failure(t1, t1), "a failed probe reopens");
         let t2 = t1 + 2 * FIRST_PROBE;
         assert_eq!(
             b.admit(t2 - Duration::from_millis(1)),
@@ -198,7 +208,7 @@ mod tests {
         let interval = Duration::from_secs(2);
         let b = Breaker::new(1, interval);
         let mut now = Instant::now();
-        assert!(b.on_failure(now));
+        assert!(b.on_failure(now, now));
         let mut waits = Vec::new();
         for _ in 0..8 {
             let Admission::Reject(until) = b.admit(now) else {
@@ -207,7 +217,7 @@ mod tests {
             waits.push(until - now);
             now = until;
             assert_eq!(b.admit(now), Admission::Probe);
-            assert!(b.on_failure(now), "the probe failed: open again");
+            assert!(b.on_failure(now, now), "the probe failed: open again");
         }
         let ms = |n: u64| Duration::from_millis(n);
         assert_eq!(
@@ -219,7 +229,10 @@ mod tests {
         assert_eq!(b.admit(closed), Admission::Probe);
         assert!(b.on_success(closed));
         let later = closed + interval;
-        assert!(b.on_failure(later), "closed: the threshold opens it again");
+        assert!(
+            b.on_failure(later, later),
+            "closed: the threshold opens it again"
+        );
         assert_eq!(b.admit(later), Admission::Reject(later + FIRST_PROBE));
     }
 
@@ -229,7 +242,7 @@ mod tests {
         let interval = Duration::from_secs(2);
         let b = Breaker::new(1, interval);
         let mut now = Instant::now();
-        assert!(b.on_failure(now));
+        assert!(b.on_failure(now, now));
         let mut waits = Vec::new();
         for _ in 0..7 {
             let Admission::Reject(until) = b.admit(now) else {
@@ -242,7 +255,7 @@ mod tests {
             assert!(b.on_success(now), "the probe closes it");
             assert_eq!(b.next_probe(), None);
             now += Duration::from_millis(5);
-            assert!(b.on_failure(now), "the full load fails it again");
+            assert!(b.on_failure(now, now), "the full load fails it again");
             assert_eq!(b.next_probe(), Some(now + (2 * wait).min(interval)));
         }
         let ms = |n: u64| Duration::from_millis(n);
@@ -253,7 +266,7 @@ mod tests {
     fn a_short_probe_interval_caps_the_first_wait() {
         let b = Breaker::new(1, Duration::from_millis(10));
         let t0 = Instant::now();
-        assert!(b.on_failure(t0));
+        assert!(b.on_failure(t0, t0));
         assert_eq!(
             b.admit(t0),
             Admission::Reject(t0 + Duration::from_millis(10))
@@ -264,15 +277,41 @@ mod tests {
     fn a_huge_probe_interval_does_not_overflow() {
         let b = Breaker::new(1, Duration::MAX);
         let t0 = Instant::now();
-        assert!(b.on_failure(t0));
+        assert!(b.on_failure(t0, t0));
         assert!(matches!(b.admit(t0), Admission::Reject(_)));
+    }
+
+    #[test]
+    fn a_late_failure_of_a_call_from_before_the_probe_is_not_the_probes() {
+        // A timeout longer than the first wait: calls let through before the breaker opened
+        // still fail after the probe has gone out.
+        let b = Breaker::new(1, Duration::from_secs(2));
+        let t0 = Instant::now();
+        assert!(b.on_failure(t0, t0));
+        let t1 = t0 + FIRST_PROBE;
+        assert_eq!(b.admit(t1), Admission::Probe);
+        let late = t1 + Duration::from_millis(20);
+        assert!(!b.on_failure(t0, late), "an older call's failure");
+        assert!(b.is_open());
+        assert_eq!(
+            b.admit(late),
+            Admission::Reject(t1 + 2 * FIRST_PROBE),
+            "still waiting on the probe, no doubled wait"
+        );
+        assert!(b.on_success(late), "the probe answers: closed");
+        // The same with the probe failing: that one counts.
+        let b = Breaker::new(1, Duration::from_secs(2));
+        assert!(b.on_failure(t0, t0));
+        assert_eq!(b.admit(t1), Admission::Probe);
+        assert!(b.on_failure(t1, late), "the probe's own failure");
+        assert_eq!(b.next_probe(), Some(late + 2 * FIRST_PROBE));
     }
 
     #[test]
     fn a_lost_probe_is_replaced() {
         let b = Breaker::new(1, Duration::from_secs(1));
         let t0 = Instant::now();
-        b.on_failure(t0);
+        b.on_failure(t0, t0);
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(b.admit(t1), Admission::Probe);
         // The probe's caller went away without reporting: another probe goes after the

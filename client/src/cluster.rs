@@ -388,7 +388,8 @@ mod tests {
         c.install(&[(0, 8191, "n1:1".into()), (8192, 16383, "n2:2".into())]);
         let (na, nb) = (c.node_for(&a).unwrap(), c.node_for(&b).unwrap());
         assert_eq!((na.addr(), nb.addr()), ("n1:1", "n2:2"));
-        nb.breaker.on_failure(Instant::now());
+        let now = Instant::now();
+        nb.breaker.on_failure(now, now);
         assert!(nb.breaker.is_open());
         assert!(!na.breaker.is_open());
         // A new map keeps a known node (and so its breaker's state).

@@ -376,7 +376,7 @@ impl Limiter {
                     .unwrap_or_else(unreachable_empty))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&node, &e);
+                self.store_failed(&node, now, &e);
                 Ok(self.settle_locally(held, deltas))
             }
             Err(e) => Err(self.store_refused(&node, e, now)),
@@ -481,9 +481,17 @@ impl Limiter {
         }
         // The node asked last: a sub-bucket's or a redirection's may not be the subject's,
         // and a failure (or the timeout) is that node's.
-        let asking = Mutex::new(Arc::clone(&node));
+        let asking = Mutex::new(Asking {
+            node: Arc::clone(&node),
+            admitted: now,
+            began: now,
+        });
         let asked = tokio::time::timeout(inner.timeout, self.ask_store(&asking, planned)).await;
-        let last = asking.into_inner().unwrap_or_else(|p| p.into_inner());
+        let Asking {
+            node: last,
+            admitted,
+            ..
+        } = asking.into_inner().unwrap_or_else(|p| p.into_inner());
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
                 self.store_answered(&node, now);
@@ -494,7 +502,7 @@ impl Limiter {
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
             Err(e) if e.is_transient() => {
-                self.store_failed(&last, &e);
+                self.store_failed(&last, admitted, &e);
                 // The next probe, if this opened the breaker (50 ms away the first time).
                 let retry = last
                     .breaker
@@ -527,12 +535,13 @@ impl Limiter {
         metrics::gauge!("ratelimit_breaker_open").set(open);
     }
 
-    fn store_failed(&self, node: &Node, e: &StoreError) {
+    /// A call to `node`, let through by its breaker at `admitted`, failed.
+    fn store_failed(&self, node: &Node, admitted: Instant, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         if !e.counts_against_breaker() {
             return;
         }
-        let opened = node.breaker.on_failure(Instant::now());
+        let opened = node.breaker.on_failure(admitted, Instant::now());
         self.inner.store.on_failure(node, e, opened);
         if opened {
             tracing::warn!(error = %e, "ratelimit: store failing, breaker open");
@@ -602,10 +611,10 @@ impl Limiter {
     /// sharded policy (a peek when the first was refused, so nothing is taken from them).
     async fn ask_store(
         &self,
-        asking: &Mutex<Arc<Node>>,
+        asking: &Mutex<Asking>,
         planned: &[Planned<'_>],
     ) -> Result<Replies, StoreError> {
-        let node = lock(asking).clone();
+        let node = Arc::clone(&lock(asking).node);
         fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
             Item {
                 key: &p.key,
@@ -665,17 +674,24 @@ impl Limiter {
     /// already), following one `MOVED`; `asking` is left at the node asked last.
     async fn ask(
         &self,
-        asking: &Mutex<Arc<Node>>,
+        asking: &Mutex<Asking>,
         subject: &Arc<Node>,
         node: &Arc<Node>,
         items: &[Item<'_>],
     ) -> Result<Replies, StoreError> {
         let store = &self.inner.store;
         let through_breaker = |n: &Arc<Node>| -> Result<(), StoreError> {
-            *lock(asking) = Arc::clone(n);
-            let admitted = Arc::ptr_eq(n, subject)
-                || !matches!(n.breaker.admit(Instant::now()), Admission::Reject(_));
-            admitted.then_some(()).ok_or(StoreError::BreakerOpen)
+            let mut a = lock(asking);
+            a.node = Arc::clone(n);
+            if Arc::ptr_eq(n, subject) {
+                a.admitted = a.began;
+                return Ok(());
+            }
+            a.admitted = Instant::now();
+            match n.breaker.admit(a.admitted) {
+                Admission::Reject(_) => Err(StoreError::BreakerOpen),
+                Admission::Call | Admission::Probe => Ok(()),
+            }
         };
         through_breaker(node)?;
         let r = store.check_all(node, items).await;
@@ -810,7 +826,16 @@ fn unreachable_empty() -> Decision {
     unreachable!("a decision over no policies")
 }
 
-/// The node being asked (replaced whole: a poisoned lock still holds a valid one).
-fn lock(asking: &Mutex<Arc<Node>>) -> std::sync::MutexGuard<'_, Arc<Node>> {
+/// The node a check asked last, and when its breaker let the call through: a failure is
+/// that node's, and its probe's only if this call was the probe.
+struct Asking {
+    node: Arc<Node>,
+    admitted: Instant,
+    /// When the subject's own node let the check through (the check's start).
+    began: Instant,
+}
+
+/// The node being asked (plain fields: a poisoned lock still holds valid ones).
+fn lock(asking: &Mutex<Asking>) -> std::sync::MutexGuard<'_, Asking> {
     asking.lock().unwrap_or_else(|p| p.into_inner())
 }
