@@ -103,8 +103,8 @@ impl Breaker {
         wait.saturating_mul(2).min(self.probe_interval)
     }
 
-    /// Records a call that reached the store, started at `now`. Returns true if this closed
-    /// the breaker.
+    /// Records a call that reached the store (`now`: when it started or was answered; the
+    /// time a close is remembered from). Returns true if this closed the breaker.
     pub(crate) fn on_success(&self, now: Instant) -> bool {
         let mut s = self.lock();
         match &mut *s {

@@ -494,10 +494,7 @@ impl Limiter {
         } = asking.into_inner().unwrap_or_else(|p| p.into_inner());
         match asked.unwrap_or(Err(StoreError::Timeout)) {
             Ok(replies) => {
-                self.store_answered(&node, now);
-                if !Arc::ptr_eq(&last, &node) {
-                    self.store_answered(&last, now);
-                }
+                // Each node asked has recorded its answer (`ask`).
                 // Retry-After counts from the reply, not from before the round trip.
                 Ok(self.answer_from_store(planned, &replies, Instant::now()))
             }
@@ -516,7 +513,7 @@ impl Limiter {
         }
     }
 
-    /// `node` answered a call started at `now`.
+    /// `node` answered a call (`now`: when the call started or its answer came).
     fn store_answered(&self, node: &Node, now: Instant) {
         node.on_answer();
         if node.breaker.on_success(now) {
@@ -695,14 +692,22 @@ impl Limiter {
         };
         through_breaker(node)?;
         let r = store.check_all(node, items).await;
+        // An answer is recorded as soon as it comes: a later call of the same check (a
+        // sub-bucket's on another node) failing must not leave this node's probe unreported.
         let Some(to) = r.as_ref().err().and_then(|e| store.redirect(node, e)) else {
+            if r.is_ok() {
+                self.store_answered(node, Instant::now());
+            }
             return r;
         };
         // The old owner answered, with a redirection: it is up.
-        node.on_answer();
-        node.breaker.on_success(Instant::now());
+        self.store_answered(node, Instant::now());
         through_breaker(&to)?;
-        store.check_all(&to, items).await
+        let r = store.check_all(&to, items).await;
+        if r.is_ok() {
+            self.store_answered(&to, Instant::now());
+        }
+        r
     }
 
     fn answer_from_store(

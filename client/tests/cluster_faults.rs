@@ -1,6 +1,6 @@
 //! A cluster under faults: one primary silently unreachable (its client port blackholed,
-//! the cluster bus untouched, so no failover hides it), and a slot moved behind the
-//! limiter's back.
+//! the cluster bus untouched, so no failover hides it), a slot moved behind the limiter's
+//! back, and one check meeting a recovering node and a silent one.
 
 use redis_ratelimit_client::{slot, KeyLayout, Limiter, Policy, Source};
 use redis_ratelimit_testkit::*;
@@ -220,6 +220,93 @@ async fn a_moved_slot_is_followed_at_once() {
             (0, 1),
             "{flavor:?}"
         );
+    }
+}
+
+/// A check over a plain policy and a sharded one, whose sub-buckets live on another node:
+/// the subject's node answering its probe closes its breaker even when the sub-bucket's
+/// node then fails the same check (before, only the node asked last recorded anything, and
+/// the subject's node stayed half-open, its checks in the fallback, until the probe was
+/// given up on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
+    if !Blackhole::usable() {
+        return;
+    }
+    for flavor in Flavor::ALL {
+        let nodes = start_cluster(flavor);
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(TIMEOUT)
+            .connect_timeout(Duration::from_millis(200))
+            .breaker_threshold(1)
+            .probe_interval(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+        let plain = Policy::builder("plain")
+            .per_second(1000)
+            .burst(1000)
+            .build()
+            .unwrap();
+        let hot = Policy::builder("hot")
+            .per_second(1000)
+            .burst(1000)
+            .shards(2)
+            .build()
+            .unwrap();
+        // A subject whose plain bucket is on node 0 and both sub-buckets on node 2.
+        let layout = KeyLayout::default();
+        let subject = (0..10_000)
+            .map(|i| format!("s{i}"))
+            .find(|s| {
+                let tag = layout.subject_tag(s.as_bytes());
+                owner(slot(layout.key(&tag, "plain").as_bytes())) == 0
+                    && (0..2)
+                        .all(|i| owner(slot(layout.shard_key(&tag, "hot", i, 2).as_bytes())) == 2)
+            })
+            .unwrap();
+        let both = [(&plain, 1), (&hot, 1)];
+        let d = l.check(&subject, &both).await.unwrap();
+        assert_eq!(
+            d.source,
+            Source::Store,
+            "{flavor:?}: connected to both nodes"
+        );
+
+        // Node 0 stalls past the timeout (no packet lost, so it answers at once after):
+        // its breaker opens.
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(60)
+            .arg("ALL")
+            .query(&mut nodes[0].conn())
+            .unwrap();
+        let paused = Instant::now();
+        let d = l.check_one(&plain, &subject, 1).await.unwrap();
+        assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: the stall");
+        let d = l.check_one(&plain, &subject, 1).await.unwrap();
+        assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: breaker open");
+        // Node 2 goes silent; node 0 is back once its pause ends (a PING answered: the
+        // server ends a pause on its next cron tick, up to 100 ms late) and the first probe
+        // is due.
+        let hole = Blackhole::ports(&[nodes[2].port]);
+        let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100).saturating_sub(paused.elapsed())).await;
+
+        // The probe goes to node 0, which answers; the sub-bucket's call to node 2 times out.
+        let d = l.check(&subject, &both).await.unwrap();
+        assert_eq!(
+            d.source,
+            Source::LocalFallback,
+            "{flavor:?}: node 2 really is silent"
+        );
+        let d = l.check_one(&plain, &subject, 1).await.unwrap();
+        assert_eq!(
+            d.source,
+            Source::Store,
+            "{flavor:?}: node 0 answered its probe, so its breaker is closed"
+        );
+        drop(hole);
     }
 }
 
