@@ -40,20 +40,24 @@ enum State {
     },
     /// `wait`: how long this opening lasts; doubled by each failed probe.
     Open { until: Instant, wait: Duration },
-    /// A probe, let through at `since`, is out; if it has not reported back by `until` (its
-    /// caller was cancelled, or its answer went to another node's breaker), another is let
-    /// through.
-    HalfOpen {
-        until: Instant,
-        wait: Duration,
-        since: Instant,
-    },
+    /// A probe is out; if it has not reported back by `until` (its caller gave up, or never
+    /// asked this node), another is let through.
+    HalfOpen { until: Instant, wait: Duration },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Inner {
+    state: State,
+    /// When the breaker last opened. Calls let through before then were in flight when it
+    /// opened: one failing late (a timeout longer than the breaker's wait) says nothing the
+    /// opening did not, and must not be taken for a probe's failure or reopen it.
+    opened: Option<Instant>,
 }
 
 /// A circuit breaker, with time passed in.
 #[derive(Debug)]
 pub(crate) struct Breaker {
-    state: Mutex<State>,
+    inner: Mutex<Inner>,
     threshold: u32,
     probe_interval: Duration,
 }
@@ -64,22 +68,25 @@ impl Breaker {
     /// cannot overflow).
     pub(crate) fn new(threshold: u32, probe_interval: Duration) -> Self {
         Self {
-            state: Mutex::new(State::Closed {
-                failures: 0,
-                recent: None,
+            inner: Mutex::new(Inner {
+                state: State::Closed {
+                    failures: 0,
+                    recent: None,
+                },
+                opened: None,
             }),
             threshold: threshold.max(1),
             probe_interval: probe_interval.min(Duration::from_secs(86_400)),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding this lock cannot leave the state inconsistent (plain copies).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn admit(&self, now: Instant) -> Admission {
-        let mut s = self.lock();
+        let s = &mut self.lock().state;
         match *s {
             State::Closed { .. } => Admission::Call,
             State::Open { until, .. } | State::HalfOpen { until, .. } if now < until => {
@@ -91,7 +98,6 @@ impl Breaker {
                 *s = State::HalfOpen {
                     until: now + self.backed_off(wait),
                     wait,
-                    since: now,
                 };
                 Admission::Probe
             }
@@ -106,8 +112,8 @@ impl Breaker {
     /// Records a call that reached the store (`now`: when it started or was answered; the
     /// time a close is remembered from). Returns true if this closed the breaker.
     pub(crate) fn on_success(&self, now: Instant) -> bool {
-        let mut s = self.lock();
-        match &mut *s {
+        let s = &mut self.lock().state;
+        match s {
             State::Closed { failures, .. } => {
                 *failures = 0;
                 false
@@ -126,11 +132,12 @@ impl Breaker {
     /// Records a transport failure of a call let through at `admitted` (the `now` its
     /// [`admit`](Self::admit) was given). Returns true if this opened the breaker.
     pub(crate) fn on_failure(&self, admitted: Instant, now: Instant) -> bool {
-        let mut s = self.lock();
+        let mut inner = self.lock();
+        if inner.opened.is_some_and(|opened| admitted < opened) {
+            return false;
+        }
+        let s = &mut inner.state;
         let wait = match *s {
-            // A call let through before the probe (one with a timeout longer than the
-            // breaker's wait): its failure is old news, not the probe's answer.
-            State::HalfOpen { since, .. } if admitted < since => return false,
             State::Closed { failures, recent } if failures + 1 < self.threshold => {
                 *s = State::Closed {
                     failures: failures + 1,
@@ -154,16 +161,17 @@ impl Breaker {
             until: now + wait,
             wait,
         };
+        inner.opened = Some(now);
         true
     }
 
     pub(crate) fn is_open(&self) -> bool {
-        !matches!(*self.lock(), State::Closed { .. })
+        !matches!(self.lock().state, State::Closed { .. })
     }
 
     /// When the next probe may go, while the breaker is open.
     pub(crate) fn next_probe(&self) -> Option<Instant> {
-        match *self.lock() {
+        match self.lock().state {
             State::Open { until, .. } => Some(until),
             _ => None,
         }
@@ -282,26 +290,34 @@ mod tests {
     }
 
     #[test]
-    fn a_late_failure_of_a_call_from_before_the_probe_is_not_the_probes() {
+    fn a_late_failure_of_a_call_from_before_the_opening_counts_for_nothing() {
         // A timeout longer than the first wait: calls let through before the breaker opened
-        // still fail after the probe has gone out.
+        // still fail after the probe has gone out, or after it has closed the breaker.
+        let ms = Duration::from_millis;
         let b = Breaker::new(1, Duration::from_secs(2));
         let t0 = Instant::now();
-        assert!(b.on_failure(t0, t0));
+        let before = t0 - ms(1);
+        assert!(b.on_failure(before, t0));
         let t1 = t0 + FIRST_PROBE;
         assert_eq!(b.admit(t1), Admission::Probe);
-        let late = t1 + Duration::from_millis(20);
-        assert!(!b.on_failure(t0, late), "an older call's failure");
-        assert!(b.is_open());
+        let late = t1 + ms(20);
+        assert!(!b.on_failure(before, late), "not the probe's failure");
         assert_eq!(
             b.admit(late),
             Admission::Reject(t1 + 2 * FIRST_PROBE),
             "still waiting on the probe, no doubled wait"
         );
         assert!(b.on_success(late), "the probe answers: closed");
-        // The same with the probe failing: that one counts.
+        assert!(!b.on_failure(before, late + ms(20)), "closed, and stays so");
+        assert_eq!(b.admit(late + ms(20)), Admission::Call);
+        // Calls let through since count as ever: the store fails again, soon after closing.
+        let t2 = late + ms(30);
+        assert!(b.on_failure(t2, t2));
+        assert_eq!(b.next_probe(), Some(t2 + 2 * FIRST_PROBE));
+
+        // The probe's own failure counts.
         let b = Breaker::new(1, Duration::from_secs(2));
-        assert!(b.on_failure(t0, t0));
+        assert!(b.on_failure(before, t0));
         assert_eq!(b.admit(t1), Admission::Probe);
         assert!(b.on_failure(t1, late), "the probe's own failure");
         assert_eq!(b.next_probe(), Some(late + 2 * FIRST_PROBE));

@@ -485,6 +485,7 @@ impl Limiter {
             node: Arc::clone(&node),
             admitted: now,
             began: now,
+            deadline: now + inner.timeout,
         });
         let asked = tokio::time::timeout(inner.timeout, self.ask_store(&asking, planned)).await;
         let Asking {
@@ -679,13 +680,21 @@ impl Limiter {
         let store = &self.inner.store;
         let through_breaker = |n: &Arc<Node>| -> Result<(), StoreError> {
             let mut a = lock(asking);
-            a.node = Arc::clone(n);
             if Arc::ptr_eq(n, subject) {
+                a.node = Arc::clone(n);
                 a.admitted = a.began;
                 return Ok(());
             }
-            a.admitted = Instant::now();
-            match n.breaker.admit(a.admitted) {
+            let now = Instant::now();
+            // The check's time is up: the node that answered late keeps the blame, and the
+            // next one is neither asked (its probe taken) nor blamed for a timeout it had no
+            // time to meet.
+            if now >= a.deadline {
+                return Err(StoreError::Timeout);
+            }
+            a.node = Arc::clone(n);
+            a.admitted = now;
+            match n.breaker.admit(now) {
                 Admission::Reject(_) => Err(StoreError::BreakerOpen),
                 Admission::Call | Admission::Probe => Ok(()),
             }
@@ -838,6 +847,8 @@ struct Asking {
     admitted: Instant,
     /// When the subject's own node let the check through (the check's start).
     began: Instant,
+    /// When the check times out.
+    deadline: Instant,
 }
 
 /// The node being asked (plain fields: a poisoned lock still holds valid ones).
