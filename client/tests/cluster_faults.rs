@@ -235,8 +235,12 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
     }
     for flavor in Flavor::ALL {
         let nodes = start_cluster(flavor);
+        // Longer than the other tests' timeout (node 0 must answer its probe within it on a
+        // loaded machine), shorter than the 100 ms after which an unreported probe is
+        // replaced (the next check must find node 0's breaker as this check left it).
+        let timeout = Duration::from_millis(60);
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
-            .timeout(TIMEOUT)
+            .timeout(timeout)
             .connect_timeout(Duration::from_millis(200))
             .breaker_threshold(1)
             .probe_interval(Duration::from_secs(2))
@@ -277,7 +281,7 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
         // its breaker opens.
         let _: () = redis::cmd("CLIENT")
             .arg("PAUSE")
-            .arg(60)
+            .arg(2 * timeout.as_millis() as u64)
             .arg("ALL")
             .query(&mut nodes[0].conn())
             .unwrap();
@@ -287,14 +291,20 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
         let d = l.check_one(&plain, &subject, 1).await.unwrap();
         assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: breaker open");
         // Node 2 goes silent; node 0 is back once its pause ends (a PING answered: the
-        // server ends a pause on its next cron tick, up to 100 ms late) and the first probe
-        // is due.
+        // server ends a pause on its next cron tick, up to 100 ms late) and its first probe
+        // is due (opened after one timeout, probed 50 ms later; an open breaker stays due).
         let hole = Blackhole::ports(&[nodes[2].port]);
         let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
-        tokio::time::sleep(Duration::from_millis(100).saturating_sub(paused.elapsed())).await;
+        tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+        let asked = command_calls(&mut nodes[0].conn(), "rl.check");
 
         // The probe goes to node 0, which answers; the sub-bucket's call to node 2 times out.
         let d = l.check(&subject, &both).await.unwrap();
+        assert_eq!(
+            command_calls(&mut nodes[0].conn(), "rl.check"),
+            asked + 1,
+            "{flavor:?}: the check's probe reached node 0"
+        );
         assert_eq!(
             d.source,
             Source::LocalFallback,
