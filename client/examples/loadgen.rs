@@ -14,8 +14,8 @@
 //!
 //! `--closed N` runs a closed loop instead: N workers (worker w on pod w mod pods), each
 //! sending its next check when its last one returns, with no pacer (`--rate` and
-//! `--tick-us` are then unused, `pacer_*` are 0, and `closed` in the JSON is N; it is 0 in an
-//! open loop). That is `redis-benchmark -c N`'s shape: CPU per check like for like with the C
+//! `--tick-us` are then unused, `offered_rate` and `pacer_*` are 0, and `closed` in the JSON
+//! is N; it is 0 in an open loop). That is `redis-benchmark -c N`'s shape: CPU per check like for like with the C
 //! client's per request. Latency is from each check's own start.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
@@ -409,7 +409,7 @@ async fn run(a: Args) {
         elapsed,
         a.pods,
         a.keys,
-        a.rate,
+        if a.closed > 0 { 0 } else { a.rate },
         bound,
         cpu.total_us() / n(&c.checks).max(1) as f64,
         cpu.user_us / n(&c.checks).max(1) as f64,
@@ -451,6 +451,12 @@ async fn closed_loop(
                     }
                     let subject = Subject::new(rand::random_range(0..keys));
                     let d = pod.check_one(&policy, subject.as_str(), 1).await;
+                    // An answer from this pod's own state (deny cache, fallback) awaited
+                    // nothing: without a yield this worker would keep the runtime's only
+                    // thread from the others.
+                    if !d.as_ref().is_ok_and(|d| d.source == Source::Store) {
+                        tokio::task::yield_now().await;
+                    }
                     if start >= measured {
                         let us = start.elapsed().as_micros() as u64;
                         if let Ok(mut h) = hist.lock() {
