@@ -15,8 +15,8 @@
 //! `--closed N` runs a closed loop instead: N workers (worker w on pod w mod pods), each
 //! sending its next check when its last one returns, with no pacer (`--rate` and
 //! `--tick-us` are then unused, `offered_rate` and `pacer_*` are 0, and `closed` in the JSON
-//! is N; it is 0 in an open loop). That is `redis-benchmark -c N`'s shape: CPU per check like for like with the C
-//! client's per request. Latency is from each check's own start.
+//! is N; it is 0 in an open loop). That is `redis-benchmark -c N`'s shape: CPU per check like
+//! for like with the C client's per request. Latency is from each check's own start.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -321,11 +321,7 @@ async fn run(a: Args) {
                         if d.as_ref().is_ok_and(Decision::is_allowed) {
                             per_region_allowed[region].fetch_add(1, Relaxed);
                         }
-                        let us = due.elapsed().as_micros() as u64;
-                        if let Ok(mut h) = hist.lock() {
-                            let _ = h.record(us.max(1));
-                        }
-                        counts.record(&d);
+                        record(&hist, &counts, due, &d);
                     }
                     done.fetch_add(1, Relaxed);
                 });
@@ -458,11 +454,7 @@ async fn closed_loop(
                         tokio::task::yield_now().await;
                     }
                     if start >= measured {
-                        let us = start.elapsed().as_micros() as u64;
-                        if let Ok(mut h) = hist.lock() {
-                            let _ = h.record(us.max(1));
-                        }
-                        counts.record(&d);
+                        record(&hist, &counts, start, &d);
                     }
                 }
             })
@@ -471,6 +463,20 @@ async fn closed_loop(
     for w in workers {
         let _ = w.await;
     }
+}
+
+/// One measured check: its latency from `since` (when it was due, or started) and its outcome.
+fn record(
+    hist: &Mutex<Histogram<u64>>,
+    counts: &Counts,
+    since: Instant,
+    d: &Result<Decision, Error>,
+) {
+    let us = since.elapsed().as_micros() as u64;
+    if let Ok(mut h) = hist.lock() {
+        let _ = h.record(us.max(1));
+    }
+    counts.record(d);
 }
 
 /// API key number `n`, `key<n>`, written on the stack. Not a table of every key: picking
