@@ -8,12 +8,14 @@ use crate::local::LocalBuckets;
 use crate::node::{Node, NodeSettings};
 use crate::observe::observe;
 use crate::reservation::{Held, Reservation};
-use crate::store::{not_connected, Item, Replies, Reply, SettleItem, Store};
+use crate::store::{not_connected, Item, Replies, Reply, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Share};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod settle;
 
 /// Checks requests against policies, globally through the store. Cheap to clone; clones
 /// share the connections and breakers (one per server or cluster primary), the deny cache
@@ -328,97 +330,6 @@ impl Limiter {
             Vec::new()
         };
         Ok(Reservation::new(self.clone(), held, d))
-    }
-
-    /// Settles `deltas` (one per held policy) against the store, or the local buckets when
-    /// it cannot be asked.
-    pub(crate) async fn settle_held(
-        &self,
-        held: &[Held],
-        deltas: &[i64],
-    ) -> Result<Decision, Error> {
-        let inner = &self.inner;
-        let now = Instant::now();
-        let Some(first) = held.first() else {
-            return Ok(self.settle_locally(held, deltas));
-        };
-        let Some(node) = inner.store.route(&first.key) else {
-            return Ok(self.settle_locally(held, deltas));
-        };
-        if let Admission::Reject(_) = node.breaker.admit(now) {
-            return Ok(self.settle_locally(held, deltas));
-        }
-        let items: Vec<SettleItem<'_>> = held
-            .iter()
-            .zip(deltas)
-            .map(|(h, &delta)| SettleItem {
-                key: &h.key,
-                rate: h.policy.bucket_rate_arg(),
-                burst: h.policy.bucket_limit().burst(),
-                delta,
-            })
-            .collect();
-        let asked = tokio::time::timeout(inner.timeout, inner.store.settle(&items)).await;
-        match asked.unwrap_or(Err(StoreError::Timeout)) {
-            Ok(replies) => {
-                self.store_answered(&node, now);
-                let outcomes = held
-                    .iter()
-                    .zip(replies)
-                    .map(|(h, [_, remaining, _, reset_ms])| PolicyOutcome {
-                        policy: h.policy.clone(),
-                        verdict: Verdict::Allowed,
-                        remaining: remaining.max(0) as u64 * u64::from(h.policy.shards()),
-                        reset_after: Duration::from_millis(reset_ms.max(0) as u64),
-                    })
-                    .collect();
-                Ok(Decision::from_outcomes(outcomes, Source::Store)
-                    .unwrap_or_else(unreachable_empty))
-            }
-            Err(e) if e.is_transient() => {
-                self.store_failed(&node, now, &e);
-                Ok(self.settle_locally(held, deltas))
-            }
-            Err(e) => Err(self.store_refused(&node, e, now)),
-        }
-    }
-
-    /// The store cannot be asked: fail-open policies settle against their local bucket (the
-    /// one their checks fall back to); fail-closed ones refuse every check meanwhile, so
-    /// their settlement is dropped and counted.
-    fn settle_locally(&self, held: &[Held], deltas: &[i64]) -> Decision {
-        let settles_locally =
-            |p: &Policy| p.fail_mode() == FailMode::Open && self.inner.local_fallback;
-        let mut open = Vec::new();
-        for (h, &delta) in held.iter().zip(deltas) {
-            if settles_locally(&h.policy) {
-                let key = h.whole_key.as_deref().unwrap_or(&h.key);
-                open.push((key, self.local_share(&h.policy), delta));
-            } else {
-                metrics::counter!("ratelimit_settle_dropped_total").increment(1);
-            }
-        }
-        let mut local = self.inner.local.settle(&open, now_ticks()).into_iter();
-        let mut any_open = false;
-        let outcomes = held
-            .iter()
-            .map(|h| {
-                let d = settles_locally(&h.policy).then(|| local.next()).flatten();
-                any_open |= d.is_some();
-                PolicyOutcome {
-                    policy: h.policy.clone(),
-                    verdict: Verdict::Allowed,
-                    remaining: d.map_or(0, |d| d.remaining.max(0) as u64),
-                    reset_after: Duration::from_millis(d.map_or(0, |d| d.reset_after_ms)),
-                }
-            })
-            .collect();
-        let source = if any_open {
-            Source::LocalFallback
-        } else {
-            Source::FailClosed
-        };
-        Decision::from_outcomes(outcomes, source).unwrap_or_else(unreachable_empty)
     }
 
     /// This pod's share of `policy` for the local fallback (see [`Share`]: together the

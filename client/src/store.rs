@@ -219,43 +219,28 @@ impl Store {
 }
 
 impl Store {
-    /// Settles each item: one round trip per slot (a reservation's buckets share one, but
-    /// for sharded policies' sub-buckets), `RL.SETTLE` per bucket pipelined, or the script
-    /// for all of a slot's buckets where the module is not loaded. A `MOVED` slot is
-    /// settled again at its new node: nothing of it was applied at the old one.
-    pub(crate) async fn settle(&self, items: &[SettleItem<'_>]) -> Result<Vec<Reply>, StoreError> {
-        let mut groups: Vec<(u16, Vec<SettleItem<'_>>, Vec<usize>)> = Vec::new();
+    /// `items` (by index) in the calls a settle makes: one on a single server, one per slot
+    /// on a cluster (a reservation's buckets share one, but for sharded policies'
+    /// sub-buckets), in first-seen order.
+    pub(crate) fn settle_groups(&self, items: &[SettleItem<'_>]) -> Vec<Vec<usize>> {
+        if let Target::Single(_) = self.target {
+            return vec![(0..items.len()).collect()];
+        }
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let slot = crate::key::slot(item.key.as_bytes());
-            match groups.iter_mut().find(|(s, ..)| *s == slot) {
-                Some((_, part, at)) => {
-                    part.push(*item);
-                    at.push(i);
-                }
-                None => groups.push((slot, vec![*item], vec![i])),
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, at)) => at.push(i),
+                None => groups.push((slot, vec![i])),
             }
         }
-        let mut replies = vec![[0; 4]; items.len()];
-        for (_, part, at) in groups {
-            let node = self
-                .route(part.first().map_or("", |i| i.key))
-                .ok_or_else(not_connected)?;
-            let r = self.settle_on(&node, &part).await;
-            let r = match r.as_ref().err().and_then(|e| self.redirect(&node, e)) {
-                Some(to) => self.settle_on(&to, &part).await,
-                None => r,
-            }?;
-            for (i, reply) in at.into_iter().zip(r) {
-                if let Some(slot) = replies.get_mut(i) {
-                    *slot = reply;
-                }
-            }
-        }
-        Ok(replies)
+        groups.into_iter().map(|(_, at)| at).collect()
     }
 
-    /// Settles one slot's buckets on `node`.
-    async fn settle_on(
+    /// Settles one group's buckets on `node` (see [`settle_groups`](Self::settle_groups)):
+    /// `RL.SETTLE` per bucket pipelined, or the script for all of them where the module is
+    /// not loaded. A `MOVED` is returned, for the caller to follow: nothing was applied.
+    pub(crate) async fn settle_on(
         &self,
         node: &Node,
         items: &[SettleItem<'_>],

@@ -320,6 +320,123 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
     }
 }
 
+/// A settlement over a plain policy and a sharded one whose sub-buckets live on a silent
+/// node: the plain bucket is settled on its node, which is not blamed, and only the
+/// sub-buckets' share goes to the local bucket (before, the whole settlement fell back,
+/// charging the plain policy's local bucket too, and the subject's node took the blame for
+/// the silent one's timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_falls_back_only_for_the_silent_nodes_buckets() {
+    if !Blackhole::usable() {
+        return;
+    }
+    for flavor in Flavor::ALL {
+        let nodes = start_cluster(flavor);
+        // Long enough for node 0 to answer on a loaded machine.
+        let timeout = Duration::from_millis(60);
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(timeout)
+            .connect_timeout(Duration::from_millis(200))
+            .breaker_threshold(1)
+            .probe_interval(Duration::from_secs(10))
+            .pods(2)
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+        // 10 tokens a second: refill is a token or two over the test's steps.
+        let plain = Policy::builder("plain")
+            .per_minute(600)
+            .burst(600)
+            .build()
+            .unwrap();
+        let hot = Policy::builder("hot")
+            .per_minute(600)
+            .burst(600)
+            .shards(2)
+            .build()
+            .unwrap();
+        let layout = KeyLayout::default();
+        let (subject, tag) = (0..10_000)
+            .map(|i| format!("s{i}"))
+            .map(|s| {
+                let tag = layout.subject_tag(s.as_bytes());
+                (s, tag)
+            })
+            .find(|(_, tag)| {
+                owner(slot(layout.key(tag, "plain").as_bytes())) == 0
+                    && (0..2)
+                        .all(|i| owner(slot(layout.shard_key(tag, "hot", i, 2).as_bytes())) == 2)
+            })
+            .unwrap();
+        let r = l
+            .reserve(&subject, &[(&plain, 1), (&hot, 1)])
+            .await
+            .unwrap();
+        assert_eq!(r.decision().source, Source::Store, "{flavor:?}");
+
+        let hole = Blackhole::ports(&[nodes[2].port]);
+        let fresh = redis::Client::open(nodes[2].url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_millis(300));
+        assert!(fresh.is_err(), "{flavor:?}: node 2 still answers");
+        let settled_on_0 = command_calls(&mut nodes[0].conn(), "rl.settle");
+
+        let started = Instant::now();
+        let after = r.settle_each(&[101, 101]).await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            after.source,
+            Source::LocalFallback,
+            "{flavor:?}: the sub-buckets' node is silent"
+        );
+        assert!(took < timeout + MARGIN, "{flavor:?}: took {took:?}");
+        assert_eq!(
+            command_calls(&mut nodes[0].conn(), "rl.settle"),
+            settled_on_0 + 1,
+            "{flavor:?}: the plain bucket is settled on node 0"
+        );
+        // Its outcome is the store's (600 - 101 and a little refill), not a local bucket's
+        // (300 a pod, 200 after the charge of 100).
+        let peek: Vec<i64> = redis::cmd("RL.CHECK")
+            .arg(layout.key(&tag, "plain"))
+            .arg(10)
+            .arg(600)
+            .arg(0)
+            .query(&mut nodes[0].conn())
+            .unwrap();
+        let outcome = |p: &Policy| {
+            after
+                .outcomes
+                .iter()
+                .find(|o| o.policy.name() == p.name())
+                .map(|o| o.remaining)
+                .unwrap()
+        };
+        let stored = u64::try_from(peek[1]).unwrap();
+        assert!(
+            (499..=stored).contains(&outcome(&plain)) && stored <= 502,
+            "{flavor:?}: plain {} against the store's {stored}",
+            outcome(&plain)
+        );
+        assert!(
+            outcome(&hot) <= 200,
+            "{flavor:?}: hot {} from its local bucket, charged 100",
+            outcome(&hot)
+        );
+        // The silent node took the blame: node 0's breaker (threshold 1) is closed.
+        let d = l.check_one(&plain, &subject, 1).await.unwrap();
+        assert_eq!(d.source, Source::Store, "{flavor:?}: node 0 not blamed");
+        let d = l.check_one(&hot, &subject, 1).await.unwrap();
+        assert_eq!(
+            d.source,
+            Source::LocalFallback,
+            "{flavor:?}: node 2's breaker"
+        );
+        assert!(d.remaining < 200, "{flavor:?}: the local debt holds");
+        drop(hole);
+    }
+}
+
 /// `rejected_calls=` of a command in `INFO commandstats` (redirections count there).
 fn rejected_calls(node: &Server, command: &str) -> i64 {
     let info: String = redis::cmd("INFO")
