@@ -77,9 +77,10 @@ impl LimiterBuilder {
         }
     }
 
-    /// Longest wait for the store per check (default 5 ms); past it the fail mode answers.
+    /// Longest wait for the store per check (default 5 ms, at most an hour); past it the
+    /// fail mode answers.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.min(MAX_TIMEOUT);
         self
     }
 
@@ -176,6 +177,9 @@ impl LimiterBuilder {
 /// A store unreachable for an hour is probed at least hourly; also keeps `now + interval`
 /// far from `Instant`'s overflow (`Duration::MAX` would panic there).
 const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Keeps a check's deadline (`now + timeout`) far from `Instant`'s overflow too.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How often [`Limiter::ready`] asks again while the store does not answer.
 const READY_RETRY: Duration = Duration::from_millis(20);
@@ -459,14 +463,10 @@ impl Limiter {
     }
 
     fn store_refused(&self, node: &Node, e: StoreError, now: Instant) -> Error {
-        metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         // The store answered: it is up, whatever the answer.
         node.on_answer();
         node.breaker.on_success(now);
-        match e {
-            StoreError::Server(e) => Error::Server(e),
-            other => Error::Protocol(other.to_string()),
-        }
+        refusal(e)
     }
 
     fn answer_from_deny_cache(&self, planned: &[Planned<'_>], now: Instant) -> Option<Decision> {
@@ -738,7 +738,16 @@ impl Limiter {
     }
 }
 
-/// Counts a decision and how long it took.
+/// The caller's error for a store's refusal (an error reply, or one it cannot read), counted.
+fn refusal(e: StoreError) -> Error {
+    metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
+    match e {
+        StoreError::Server(e) => Error::Server(e),
+        other => Error::Protocol(other.to_string()),
+    }
+}
+
+/// Now, in the core's ticks since the Unix epoch: the local buckets' clock.
 fn now_ticks() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -43,7 +43,9 @@ impl Held {
 /// - A refused reservation holds nothing: settling or dropping it does nothing.
 /// - While the store cannot be asked, fail-open policies settle against the local bucket
 ///   their checks fall back to; fail-closed ones refuse every check meanwhile, and their
-///   settlement is dropped (counted in `ratelimit_settle_dropped_total`).
+///   settlement is dropped (counted in `ratelimit_settle_dropped_total`). On a cluster this
+///   is per node: the buckets of the nodes that answer are settled on them, and a decision
+///   partly settled locally has the local source.
 #[derive(Debug)]
 #[must_use = "settle it with the actual cost; dropping it refunds the estimate"]
 pub struct Reservation {

@@ -1,16 +1,19 @@
-//! Settling a reservation: each group of buckets (one per slot on a cluster) on its own
-//! node, through that node's breaker, all at once; a group whose node cannot be asked, or
-//! does not answer in time, is settled on the local buckets alone.
+//! Settling a reservation: each node asked at once for its buckets, through its own
+//! breaker (one admission per node, whatever its number of slots); the buckets of a node
+//! that cannot be asked, or does not answer in time, are settled on the local buckets alone.
 
-use super::{now_ticks, Limiter};
+use super::{now_ticks, refusal, Limiter};
 use crate::breaker::Admission;
 use crate::error::StoreError;
+use crate::node::Node;
 use crate::reservation::Held;
 use crate::store::{Reply, SettleItem};
 use crate::{Decision, Error, FailMode, PolicyOutcome, Source, Verdict};
+use futures_util::future::join_all;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How one group's call ended.
+/// How one slot group's call ended.
 enum Settled {
     /// Applied by the store: one reply per bucket of the group.
     Store(Vec<Reply>),
@@ -21,15 +24,23 @@ enum Settled {
     Refused(Error),
 }
 
+/// Slot groups (by index) on the node that serves them.
+type ByNode = Vec<(Arc<Node>, Vec<usize>)>;
+
 impl Limiter {
-    /// Settles `deltas` (one per held policy) against the store, each group of buckets on
-    /// its node, or the local buckets for the groups whose node cannot be asked. A refusal
-    /// is returned once every group has ended; the others stay settled.
+    /// Settles `deltas` (one per held policy) against the store, each node's buckets on
+    /// it, or on the local buckets for the nodes that cannot be asked. A refusal is
+    /// returned once every node has answered or timed out; the rest stays settled.
     pub(crate) async fn settle_held(
         &self,
         held: &[Held],
         deltas: &[i64],
     ) -> Result<Decision, Error> {
+        if held.is_empty() {
+            return Err(Error::Config(
+                "a settlement needs at least one policy".into(),
+            ));
+        }
         let store = &self.inner.store;
         let items: Vec<SettleItem<'_>> = held
             .iter()
@@ -41,27 +52,22 @@ impl Limiter {
                 delta,
             })
             .collect();
-        let groups = store.settle_groups(&items);
-        // One deadline for all: the groups are asked at once, each node's answer (or
-        // silence) its own.
-        let deadline = Instant::now() + self.inner.timeout;
-        let settled = futures_util::future::join_all(groups.iter().map(|at| {
-            let part: Vec<SettleItem<'_>> =
-                at.iter().filter_map(|&i| items.get(i).copied()).collect();
-            async move { self.settle_group(&part, deadline).await }
-        }))
-        .await;
+        let at_groups = store.settle_groups(&items);
+        let groups: Vec<Vec<SettleItem<'_>>> = at_groups
+            .iter()
+            .map(|at| at.iter().filter_map(|&i| items.get(i).copied()).collect())
+            .collect();
+        let settled = self.settle_groups(&groups).await;
 
-        let mut from_store: Vec<Option<Reply>> = vec![None; held.len()];
+        // Back from groups to items, in the order of `items` (groups keep it within).
+        let mut per_item: Vec<Option<Reply>> = Vec::with_capacity(held.len());
         let mut local = Vec::new();
         let mut refused = None;
-        for (at, s) in groups.into_iter().zip(settled) {
+        for (at, s) in at_groups.into_iter().zip(settled) {
             match s {
                 Settled::Store(replies) => {
                     for (i, reply) in at.into_iter().zip(replies) {
-                        if let Some(slot) = from_store.get_mut(i) {
-                            *slot = Some(reply);
-                        }
+                        set(&mut per_item, i, reply);
                     }
                 }
                 Settled::Local => local.extend(at),
@@ -79,25 +85,24 @@ impl Limiter {
         let mut locally = locally.into_iter();
         let outcomes: Vec<PolicyOutcome> = held
             .iter()
-            .zip(&from_store)
             .enumerate()
-            .map(|(i, (h, reply))| {
-                let (remaining, reset_ms) = match reply {
+            .map(|(i, h)| {
+                let (remaining, reset_ms) = match per_item.get(i).copied().flatten() {
                     Some([_, remaining, _, reset_ms]) => {
                         // A sub-bucket holds 1/shards of the policy: scale back.
                         let shards = u64::from(h.policy.shards());
-                        let remaining = (*remaining).max(0).unsigned_abs() * shards;
-                        (remaining, (*reset_ms).max(0).unsigned_abs())
+                        let remaining = remaining.max(0).unsigned_abs() * shards;
+                        (remaining, reset_ms.max(0).unsigned_abs())
                     }
-                    None if local.binary_search(&i).is_ok() => match locally.next() {
-                        Some(Some((remaining, reset_ms))) => {
+                    // Every item not from the store is in `local` (a refusal returned
+                    // above), in order.
+                    None => match locally.next().flatten() {
+                        Some(local) => {
                             any_open = true;
-                            (remaining, reset_ms)
+                            local
                         }
-                        _ => (0, 0),
+                        None => (0, 0),
                     },
-                    // Refused: nothing applied.
-                    None => (0, 0),
                 };
                 PolicyOutcome {
                     policy: h.policy.clone(),
@@ -107,6 +112,7 @@ impl Limiter {
                 }
             })
             .collect();
+        // Partly from the store, partly local: the weaker source is reported.
         let source = match (local.is_empty(), any_open) {
             (true, _) => Source::Store,
             (false, true) => Source::LocalFallback,
@@ -116,47 +122,88 @@ impl Limiter {
             .ok_or_else(|| Error::Config("a settlement needs at least one policy".into()))
     }
 
-    /// Settles one group on its node (following one `MOVED`), within `deadline`.
-    async fn settle_group(&self, part: &[SettleItem<'_>], deadline: Instant) -> Settled {
+    /// Settles each slot group on its node, every node at once within one deadline,
+    /// following one `MOVED` per group.
+    async fn settle_groups(&self, groups: &[Vec<SettleItem<'_>>]) -> Vec<Settled> {
         let store = &self.inner.store;
-        let Some(mut node) = part.first().and_then(|i| store.route(i.key)) else {
-            metrics::counter!("ratelimit_store_errors_total", "kind" => "transport").increment(1);
-            return Settled::Local;
-        };
-        let mut redirected = false;
-        loop {
-            let admitted = Instant::now();
-            // Out of time (after a redirection): the next node is neither asked nor blamed.
-            if admitted >= deadline {
-                return Settled::Local;
-            }
-            if let Admission::Reject(_) = node.breaker.admit(admitted) {
-                return Settled::Local;
-            }
-            let asked =
-                tokio::time::timeout_at(deadline.into(), store.settle_on(&node, part)).await;
-            let e = match asked.unwrap_or(Err(StoreError::Timeout)) {
-                Ok(replies) => {
-                    self.store_answered(&node, Instant::now());
-                    return Settled::Store(replies);
-                }
-                Err(e) => e,
-            };
-            if !redirected {
-                if let Some(to) = store.redirect(&node, &e) {
-                    // The old owner answered, with a redirection: it is up.
-                    self.store_answered(&node, Instant::now());
-                    node = to;
-                    redirected = true;
-                    continue;
+        let deadline = Instant::now() + self.inner.timeout;
+        let mut settled: Vec<Option<Settled>> = groups.iter().map(|_| None).collect();
+        let mut by_node: ByNode = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            match group.first().and_then(|i| store.route(i.key)) {
+                Some(node) => add(&mut by_node, node, g),
+                None => {
+                    metrics::counter!("ratelimit_store_errors_total", "kind" => "transport")
+                        .increment(1);
+                    set(&mut settled, g, Settled::Local);
                 }
             }
-            if e.is_transient() {
-                self.store_failed(&node, admitted, &e);
-                return Settled::Local;
-            }
-            return Settled::Refused(self.store_refused(&node, e, admitted));
         }
+        for round in 0..2 {
+            let answers = join_all(
+                by_node
+                    .iter()
+                    .map(|(node, gs)| self.call_node(node, groups, gs, deadline)),
+            )
+            .await;
+            let mut moved: ByNode = Vec::new();
+            for ((node, gs), answers) in by_node.iter().zip(answers) {
+                for (&g, answer) in gs.iter().zip(answers) {
+                    let to = match &answer {
+                        Err(e) if round == 0 => store.redirect(node, e),
+                        _ => None,
+                    };
+                    match (to, answer) {
+                        (Some(to), _) => add(&mut moved, to, g),
+                        (None, Ok(replies)) => set(&mut settled, g, Settled::Store(replies)),
+                        (None, Err(e)) if e.is_transient() => set(&mut settled, g, Settled::Local),
+                        (None, Err(e)) => set(&mut settled, g, Settled::Refused(refusal(e))),
+                    }
+                }
+            }
+            by_node = moved;
+        }
+        settled
+            .into_iter()
+            .map(|s| s.unwrap_or(Settled::Local))
+            .collect()
+    }
+
+    /// One node's calls for the slot groups `gs`, under one admission of its breaker and
+    /// reported to it once: an answer to each, or `BreakerOpen` for each if it was not
+    /// asked (its breaker refused, or no time was left after a redirection).
+    async fn call_node(
+        &self,
+        node: &Node,
+        groups: &[Vec<SettleItem<'_>>],
+        gs: &[usize],
+        deadline: Instant,
+    ) -> Vec<Result<Vec<Reply>, StoreError>> {
+        let store = &self.inner.store;
+        let admitted = Instant::now();
+        let refused =
+            admitted >= deadline || matches!(node.breaker.admit(admitted), Admission::Reject(_));
+        if refused {
+            return gs.iter().map(|_| Err(StoreError::BreakerOpen)).collect();
+        }
+        let answers = join_all(gs.iter().map(|&g| async move {
+            let part = groups.get(g).map_or(&[][..], Vec::as_slice);
+            tokio::time::timeout_at(deadline.into(), store.settle_on(node, part))
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        }))
+        .await;
+        // The node failed if any call found it down or silent; otherwise it answered
+        // (a redirection or a refusal is an answer too).
+        match answers
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .find(|e| e.is_transient() && e.counts_against_breaker())
+        {
+            Some(e) => self.store_failed(node, admitted, e),
+            None => self.store_answered(node, Instant::now()),
+        }
+        answers
     }
 
     /// Settles `held[i]` for each `i` in `at` (ascending) on the local buckets: fail-open
@@ -194,5 +241,23 @@ impl Limiter {
                 Some((d.remaining.max(0).unsigned_abs(), d.reset_after_ms))
             })
             .collect()
+    }
+}
+
+/// Adds slot group `g` to `node`'s list.
+fn add(by_node: &mut ByNode, node: Arc<Node>, g: usize) {
+    match by_node.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+        Some((_, gs)) => gs.push(g),
+        None => by_node.push((node, vec![g])),
+    }
+}
+
+/// `v[i] = Some(x)`, growing `v` as needed (indices come from `settle_groups`).
+fn set<T>(v: &mut Vec<Option<T>>, i: usize, x: T) {
+    if v.len() <= i {
+        v.resize_with(i + 1, || None);
+    }
+    if let Some(slot) = v.get_mut(i) {
+        *slot = Some(x);
     }
 }
