@@ -452,6 +452,12 @@ impl Limiter {
     fn store_failed(&self, node: &Node, admitted: Instant, e: &StoreError) {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         if !e.counts_against_breaker() {
+            // A redirection or a slot in migration is the node's answer: it is up, and a
+            // probe it was given is reported (not left to be given up on). `BreakerOpen`:
+            // the node was not asked.
+            if !matches!(e, StoreError::BreakerOpen) {
+                self.store_answered(node, Instant::now());
+            }
             return;
         }
         let opened = node.breaker.on_failure(admitted, Instant::now());

@@ -1,6 +1,7 @@
 //! A cluster under faults: one primary silently unreachable (its client port blackholed,
 //! the cluster bus untouched, so no failover hides it), a slot moved behind the limiter's
-//! back, and one check meeting a recovering node and a silent one.
+//! back, a slot being migrated, one check meeting a recovering node and a silent one, and
+//! settlements over several nodes.
 
 use redis_ratelimit_client::{slot, KeyLayout, Limiter, Policy, Source};
 use redis_ratelimit_testkit::*;
@@ -510,6 +511,108 @@ async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
         );
         assert_eq!(after.source, Source::Store, "{flavor:?}: nothing local");
         assert!(!l.breaker_open(), "{flavor:?}: the probe answered");
+    }
+}
+
+/// A slot being migrated away (`ASK` for a key the old owner does not hold) is answered by
+/// the fail mode, is not counted against the node's breaker, and answers the node's probe:
+/// the node's other slots go back to the store at once (before, the probe was left
+/// unreported and the node's checks stayed in the fallback until it was given up on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() {
+    for flavor in Flavor::ALL {
+        let nodes = start_cluster(flavor);
+        // As above: long enough for node 0 on a loaded machine, shorter than the 100 ms
+        // after which an unreported probe is replaced.
+        let timeout = Duration::from_millis(60);
+        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+            .timeout(timeout)
+            .connect_timeout(Duration::from_millis(200))
+            .breaker_threshold(1)
+            .probe_interval(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+        let api = Policy::builder("api")
+            .per_second(1000)
+            .burst(1000)
+            .build()
+            .unwrap();
+        // Two subjects on node 0, in different slots: one whose slot migrates, one whose
+        // slot stays.
+        let mut on_node0 = (0..10_000)
+            .map(|i| format!("s{i}"))
+            .filter(|s| owner(slot(key_of(s, "api").as_bytes())) == 0);
+        let migrating = on_node0.next().unwrap();
+        let key_slot = slot(key_of(&migrating, "api").as_bytes());
+        let staying = on_node0
+            .find(|s| slot(key_of(s, "api").as_bytes()) != key_slot)
+            .unwrap();
+        let id = |n: usize| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut nodes[n].conn())
+                .unwrap()
+        };
+        let (from_id, to_id) = (id(0), id(1));
+        let setslot = |n: usize, state: &str, other: &str| {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(key_slot)
+                .arg(state)
+                .arg(other)
+                .query(&mut nodes[n].conn())
+                .unwrap();
+        };
+        setslot(1, "IMPORTING", &from_id);
+        setslot(0, "MIGRATING", &to_id);
+        // The fault is real: node 0 answers ASK for the key it does not hold.
+        let e = redis::cmd("RL.CHECK")
+            .arg(key_of(&migrating, "api"))
+            .arg(1)
+            .arg(1)
+            .arg(0)
+            .query::<redis::Value>(&mut nodes[0].conn())
+            .unwrap_err();
+        assert_eq!(e.code(), Some("ASK"), "{flavor:?}: {e}");
+
+        let d = l.check_one(&api, &migrating, 1).await.unwrap();
+        assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: ASK");
+        assert!(!l.breaker_open(), "{flavor:?}: ASK is not a failure");
+
+        // Node 0 stalls past the timeout: its breaker opens.
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(2 * timeout.as_millis() as u64)
+            .arg("ALL")
+            .query(&mut nodes[0].conn())
+            .unwrap();
+        let paused = Instant::now();
+        let d = l.check_one(&api, &staying, 1).await.unwrap();
+        assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: the stall");
+        assert!(l.breaker_open(), "{flavor:?}");
+        let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
+        tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+
+        // The probe meets the migration: answered by the fail mode, and it closes the
+        // breaker, so the slot that stays is asked at once.
+        let calls = command_calls(&mut nodes[0].conn(), "rl.check");
+        let rejected = rejected_calls(&nodes[0], "rl.check");
+        let d = l.check_one(&api, &migrating, 1).await.unwrap();
+        assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: ASK again");
+        assert_eq!(
+            rejected_calls(&nodes[0], "rl.check"),
+            rejected + 1,
+            "{flavor:?}: node 0 answered the probe with ASK"
+        );
+        assert!(!l.breaker_open(), "{flavor:?}: the probe answered");
+        let d = l.check_one(&api, &staying, 1).await.unwrap();
+        assert_eq!(d.source, Source::Store, "{flavor:?}: node 0 asked at once");
+        assert_eq!(
+            command_calls(&mut nodes[0].conn(), "rl.check"),
+            calls + 1,
+            "{flavor:?}"
+        );
     }
 }
 
