@@ -6,7 +6,7 @@
 //! cargo run --release -p redis-ratelimit-client --example loadgen -- \
 //!   --redis redis://127.0.0.1:6379 --pods 10 --keys 200000 --rate 50000 --duration 10 \
 //!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1] \
-//!   [--tick-us 50] [--warmup-secs 0] [--closed N]
+//!   [--tick-us 50] [--warmup-secs 0] [--closed N] [--pacer thread]
 //! ```
 //!
 //! `--warmup-secs W` runs the same open loop for W seconds first, unrecorded: counts,
@@ -17,6 +17,14 @@
 //! `--tick-us` are then unused, `offered_rate` and `pacer_*` are 0, and `closed` in the JSON
 //! is N; it is 0 in an open loop). That is `redis-benchmark -c N`'s shape: CPU per check like
 //! for like with the C client's per request. Latency is from each check's own start.
+//!
+//! `--pacer inline` paces the open loop on the runtime's own thread instead of a thread of
+//! its own (`thread`, the default): each tick the due checks start and run until they have
+//! written, the replies already in are read, then the thread sleeps out the tick. That is
+//! the C reference's `sleep` shape (`scripts/bench/paced.c`): one wake-up per tick, none
+//! across threads, a reply read at the next tick. The pacing's CPU is then inside the
+//! client's (`pacer_cpu_us_per_check` 0); `pacer` in the JSON says which ran (`none` for a
+//! closed loop). Not with `--threads` above 1 or `--closed`.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -66,6 +74,7 @@ struct Args {
     tick_us: u64,
     warmup_secs: f64,
     closed: usize,
+    inline: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -87,6 +96,7 @@ fn parse() -> Result<Args, String> {
         tick_us: 50,
         warmup_secs: 0.0,
         closed: 0,
+        inline: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -115,6 +125,13 @@ fn parse() -> Result<Args, String> {
             "--tick-us" => a.tick_us = num(&v)? as u64,
             "--warmup-secs" => a.warmup_secs = num(&v)?,
             "--closed" => a.closed = num(&v)? as usize,
+            "--pacer" => {
+                a.inline = match v.as_str() {
+                    "thread" => false,
+                    "inline" => true,
+                    _ => return Err(format!("--pacer {v}: thread or inline")),
+                }
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -123,6 +140,9 @@ fn parse() -> Result<Args, String> {
     }
     if a.pods == 0 || a.keys == 0 || a.rate == 0 {
         return Err("--pods, --keys and --rate must be at least 1".into());
+    }
+    if a.inline && (a.threads > 1 || a.closed > 0) {
+        return Err("--pacer inline paces an open loop on the one runtime thread".into());
     }
     if a.regions > 0 && a.closed > 0 {
         return Err("--closed runs without --regions".into());
@@ -274,34 +294,15 @@ async fn run(a: Args) {
         closed_loop(&a, &pods, &policy, started + end, measured, &counts, &hist).await;
         (0, Cpu::default())
     } else {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
         let (rate, tick) = (a.rate, Duration::from_micros(a.tick_us));
-        let pacer = std::thread::spawn(move || {
-            let mut cpu_before = None;
-            let (mut launched, mut ticks) = (0u64, 0u64);
-            loop {
-                let elapsed = started.elapsed();
-                let cpu_since =
-                    |before: Option<Cpu>| thread_cpu().since(before.unwrap_or_default());
-                if elapsed >= end {
-                    return (launched, ticks, cpu_since(cpu_before));
-                }
-                if elapsed >= warmup && cpu_before.is_none() {
-                    cpu_before = Some(thread_cpu());
-                }
-                let due = (elapsed.as_secs_f64() * rate as f64) as u64;
-                if due > launched && tx.send((launched, due)).is_err() {
-                    return (launched, ticks, cpu_since(cpu_before));
-                }
-                launched = launched.max(due);
-                std::thread::sleep(tick);
-                if cpu_before.is_some() {
-                    ticks += 1;
-                }
-            }
-        });
         let per_check = Duration::from_secs_f64(1.0 / a.rate as f64);
-        while let Some((from, to)) = rx.recv().await {
+        // How many checks are due `elapsed` into the run: check `i` is due at `i / rate`, so
+        // checks `0..=elapsed × rate` are, up to the last one due before `end`.
+        let total = (end.as_secs_f64() * rate as f64).ceil() as u64;
+        let due_by =
+            move |elapsed: Duration| ((elapsed.as_secs_f64() * rate as f64) as u64 + 1).min(total);
+        // Starts checks `from..to`, each on its own task.
+        let launch = |from: u64, to: u64| {
             for i in from..to {
                 let region = pick_region(&cumulative);
                 let pod = region + regions * ((i as usize / regions) % per_region.max(1));
@@ -326,15 +327,74 @@ async fn run(a: Args) {
                     done.fetch_add(1, Relaxed);
                 });
             }
+        };
+        let wait_done = |launched: u64| {
+            let done = done.clone();
+            async move {
+                while done.load(Relaxed) < launched {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        };
+        if a.inline {
+            // The yield returns once the runtime has run the checks just started and
+            // polled its I/O (tokio defers a yielding task until then); the sleep then
+            // blocks the runtime's only thread, as the C client's `sleep` mode blocks its.
+            let (mut launched, mut ticks) = (0u64, 0u64);
+            loop {
+                let elapsed = started.elapsed();
+                if elapsed >= end {
+                    break;
+                }
+                let due = due_by(elapsed);
+                if due > launched {
+                    launch(launched, due);
+                    launched = due;
+                }
+                tokio::task::yield_now().await;
+                std::thread::sleep(tick);
+                if elapsed >= warmup {
+                    ticks += 1;
+                }
+            }
+            wait_done(launched).await;
+            (ticks, Cpu::default())
+        } else {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+            let pacer = std::thread::spawn(move || {
+                let mut cpu_before = None;
+                let (mut launched, mut ticks) = (0u64, 0u64);
+                loop {
+                    let elapsed = started.elapsed();
+                    let cpu_since =
+                        |before: Option<Cpu>| thread_cpu().since(before.unwrap_or_default());
+                    if elapsed >= end {
+                        return (launched, ticks, cpu_since(cpu_before));
+                    }
+                    if elapsed >= warmup && cpu_before.is_none() {
+                        cpu_before = Some(thread_cpu());
+                    }
+                    let due = due_by(elapsed);
+                    if due > launched && tx.send((launched, due)).is_err() {
+                        return (launched, ticks, cpu_since(cpu_before));
+                    }
+                    launched = launched.max(due);
+                    std::thread::sleep(tick);
+                    if cpu_before.is_some() {
+                        ticks += 1;
+                    }
+                }
+            });
+            while let Some((from, to)) = rx.recv().await {
+                launch(from, to);
+            }
+            let (launched, ticks, pacer_cpu) =
+                tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+                    .await
+                    .expect("pacer");
+            wait_done(launched).await;
+            (ticks, pacer_cpu)
         }
-        let (launched, ticks, pacer_cpu) =
-            tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
-                .await
-                .expect("pacer");
-        while done.load(Relaxed) < launched {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        (ticks, pacer_cpu)
     };
     let elapsed = measured.elapsed().as_secs_f64();
     let cpu_after = process_cpu();
@@ -386,7 +446,7 @@ async fn run(a: Args) {
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
             "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
             "\"pacer_tick_us\":{:.0},",
-            "\"server_cpu_us_per_call\":{},\"closed\":{}{}}}"
+            "\"server_cpu_us_per_call\":{},\"closed\":{},\"pacer\":\"{}\"{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -418,6 +478,11 @@ async fn run(a: Args) {
         },
         server_us.map_or("null".to_string(), |us| format!("{us:.2}")),
         a.closed,
+        match (a.closed, a.inline) {
+            (0, false) => "thread",
+            (0, true) => "inline",
+            _ => "none",
+        },
         regional,
     );
 }
