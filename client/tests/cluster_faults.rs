@@ -29,6 +29,78 @@ fn owner(slot: u16) -> usize {
     }
 }
 
+/// A limiter whose breaker opens on one failure and probes 50 ms later, with `timeout`:
+/// long enough for a node to answer its probe on a loaded machine, shorter than the
+/// 100 ms after which an unreported probe is replaced.
+async fn probing_limiter(nodes: &[Server], timeout: Duration, flavor: Flavor) -> Limiter {
+    let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+        .timeout(timeout)
+        .connect_timeout(Duration::from_millis(200))
+        .breaker_threshold(1)
+        .probe_interval(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
+    l
+}
+
+/// 1000 a second, burst 1000: `plain`, and `hot` in two sub-buckets.
+fn plain_and_hot() -> (Policy, Policy) {
+    let policy = |name: &str, shards: u32| {
+        Policy::builder(name)
+            .per_second(1000)
+            .burst(1000)
+            .shards(shards)
+            .build()
+            .unwrap()
+    };
+    (policy("plain", 1), policy("hot", 2))
+}
+
+/// A subject whose `plain` bucket is on node `plain_on` and both `hot` sub-buckets (of two)
+/// on node `hot_on`.
+fn subject_on(plain_on: usize, hot_on: usize) -> String {
+    let layout = KeyLayout::default();
+    (0..10_000)
+        .map(|i| format!("s{i}"))
+        .find(|s| {
+            let tag = layout.subject_tag(s.as_bytes());
+            owner(slot(layout.key(&tag, "plain").as_bytes())) == plain_on
+                && (0..2)
+                    .all(|i| owner(slot(layout.shard_key(&tag, "hot", i, 2).as_bytes())) == hot_on)
+        })
+        .unwrap()
+}
+
+/// Stalls `node` for twice `timeout` (no packet lost, so it answers at once after);
+/// returns when the stall began.
+fn pause(node: &Server, timeout: Duration) -> Instant {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2 * timeout.as_millis() as u64)
+        .arg("ALL")
+        .query(&mut node.conn())
+        .unwrap();
+    Instant::now()
+}
+
+/// Waits until `node`, paused at `paused`, is back (a PING answered: the server ends a
+/// pause on its next cron tick, up to 100 ms late) and the probe of a breaker opened by
+/// the stall is due (opened after one timeout, probed 50 ms later; an open breaker stays
+/// due).
+async fn until_probe_due(node: &Server, paused: Instant, timeout: Duration) {
+    let _: String = redis::cmd("PING").query(&mut node.conn()).unwrap();
+    tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+}
+
+/// The cluster node id of `node`.
+fn node_id(node: &Server) -> String {
+    redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut node.conn())
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
     if !Blackhole::usable() {
@@ -171,13 +243,7 @@ async fn a_moved_slot_is_followed_at_once() {
         let key_slot = slot(key.as_bytes());
         let from = owner(key_slot);
         let to = (from + 1) % 3;
-        let id = |n: usize| -> String {
-            redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut nodes[n].conn())
-                .unwrap()
-        };
-        let to_id = id(to);
+        let to_id = node_id(&nodes[to]);
         for n in [to, from, (from + 2) % 3] {
             let _: () = redis::cmd("CLUSTER")
                 .arg("SETSLOT")
@@ -236,40 +302,12 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
     }
     for flavor in Flavor::ALL {
         let nodes = start_cluster(flavor);
-        // Longer than the other tests' timeout (node 0 must answer its probe within it on a
-        // loaded machine), shorter than the 100 ms after which an unreported probe is
-        // replaced (the next check must find node 0's breaker as this check left it).
+        // Longer than the other tests' timeout; the next check must find node 0's breaker
+        // as this check left it.
         let timeout = Duration::from_millis(60);
-        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
-            .timeout(timeout)
-            .connect_timeout(Duration::from_millis(200))
-            .breaker_threshold(1)
-            .probe_interval(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
-        let plain = Policy::builder("plain")
-            .per_second(1000)
-            .burst(1000)
-            .build()
-            .unwrap();
-        let hot = Policy::builder("hot")
-            .per_second(1000)
-            .burst(1000)
-            .shards(2)
-            .build()
-            .unwrap();
-        // A subject whose plain bucket is on node 0 and both sub-buckets on node 2.
-        let layout = KeyLayout::default();
-        let subject = (0..10_000)
-            .map(|i| format!("s{i}"))
-            .find(|s| {
-                let tag = layout.subject_tag(s.as_bytes());
-                owner(slot(layout.key(&tag, "plain").as_bytes())) == 0
-                    && (0..2)
-                        .all(|i| owner(slot(layout.shard_key(&tag, "hot", i, 2).as_bytes())) == 2)
-            })
-            .unwrap();
+        let l = probing_limiter(&nodes, timeout, flavor).await;
+        let (plain, hot) = plain_and_hot();
+        let subject = subject_on(0, 2);
         let both = [(&plain, 1), (&hot, 1)];
         let d = l.check(&subject, &both).await.unwrap();
         assert_eq!(
@@ -278,25 +316,15 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
             "{flavor:?}: connected to both nodes"
         );
 
-        // Node 0 stalls past the timeout (no packet lost, so it answers at once after):
-        // its breaker opens.
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(2 * timeout.as_millis() as u64)
-            .arg("ALL")
-            .query(&mut nodes[0].conn())
-            .unwrap();
-        let paused = Instant::now();
+        // Node 0 stalls past the timeout: its breaker opens.
+        let paused = pause(&nodes[0], timeout);
         let d = l.check_one(&plain, &subject, 1).await.unwrap();
         assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: the stall");
         let d = l.check_one(&plain, &subject, 1).await.unwrap();
         assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: breaker open");
-        // Node 2 goes silent; node 0 is back once its pause ends (a PING answered: the
-        // server ends a pause on its next cron tick, up to 100 ms late) and its first probe
-        // is due (opened after one timeout, probed 50 ms later; an open breaker stays due).
+        // Node 2 goes silent; node 0 is back and its first probe due.
         let hole = Blackhole::ports(&[nodes[2].port]);
-        let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
-        tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+        until_probe_due(&nodes[0], paused, timeout).await;
         let asked = command_calls(&mut nodes[0].conn(), "rl.check");
 
         // The probe goes to node 0, which answers; the sub-bucket's call to node 2 times out.
@@ -358,18 +386,8 @@ async fn a_settlement_falls_back_only_for_the_silent_nodes_buckets() {
             .build()
             .unwrap();
         let layout = KeyLayout::default();
-        let (subject, tag) = (0..10_000)
-            .map(|i| format!("s{i}"))
-            .map(|s| {
-                let tag = layout.subject_tag(s.as_bytes());
-                (s, tag)
-            })
-            .find(|(_, tag)| {
-                owner(slot(layout.key(tag, "plain").as_bytes())) == 0
-                    && (0..2)
-                        .all(|i| owner(slot(layout.shard_key(tag, "hot", i, 2).as_bytes())) == 2)
-            })
-            .unwrap();
+        let subject = subject_on(0, 2);
+        let tag = layout.subject_tag(subject.as_bytes());
         let r = l
             .reserve(&subject, &[(&hot, 1), (&plain, 1)])
             .await
@@ -448,39 +466,11 @@ async fn a_settlement_falls_back_only_for_the_silent_nodes_buckets() {
 async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
     for flavor in Flavor::ALL {
         let nodes = start_cluster(flavor);
-        // Long enough for node 0 to answer on a loaded machine, and shorter than the
-        // 100 ms after which an unreported probe is replaced.
         let timeout = Duration::from_millis(60);
-        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
-            .timeout(timeout)
-            .connect_timeout(Duration::from_millis(200))
-            .breaker_threshold(1)
-            .probe_interval(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
-        let plain = Policy::builder("plain")
-            .per_second(1000)
-            .burst(1000)
-            .build()
-            .unwrap();
-        let hot = Policy::builder("hot")
-            .per_second(1000)
-            .burst(1000)
-            .shards(2)
-            .build()
-            .unwrap();
-        // A subject whose plain bucket and both sub-buckets are on node 0, in three slots.
-        let layout = KeyLayout::default();
-        let subject = (0..10_000)
-            .map(|i| format!("s{i}"))
-            .find(|s| {
-                let tag = layout.subject_tag(s.as_bytes());
-                owner(slot(layout.key(&tag, "plain").as_bytes())) == 0
-                    && (0..2)
-                        .all(|i| owner(slot(layout.shard_key(&tag, "hot", i, 2).as_bytes())) == 0)
-            })
-            .unwrap();
+        let l = probing_limiter(&nodes, timeout, flavor).await;
+        let (plain, hot) = plain_and_hot();
+        // Its plain bucket and both sub-buckets on node 0, in three slots.
+        let subject = subject_on(0, 0);
         let r = l
             .reserve(&subject, &[(&plain, 1), (&hot, 1)])
             .await
@@ -488,19 +478,11 @@ async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
         assert_eq!(r.decision().source, Source::Store, "{flavor:?}");
 
         // Node 0 stalls past the timeout: its breaker opens.
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(2 * timeout.as_millis() as u64)
-            .arg("ALL")
-            .query(&mut nodes[0].conn())
-            .unwrap();
-        let paused = Instant::now();
+        let paused = pause(&nodes[0], timeout);
         let d = l.check_one(&plain, &subject, 1).await.unwrap();
         assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: the stall");
         assert!(l.breaker_open(), "{flavor:?}");
-        // Back once a PING is answered; the first probe is due 50 ms after the opening.
-        let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
-        tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+        until_probe_due(&nodes[0], paused, timeout).await;
         let settled = command_calls(&mut nodes[0].conn(), "rl.settle");
 
         let after = r.settle(2).await.unwrap();
@@ -522,39 +504,20 @@ async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
 async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() {
     for flavor in Flavor::ALL {
         let nodes = start_cluster(flavor);
-        // As above: long enough for node 0 on a loaded machine, shorter than the 100 ms
-        // after which an unreported probe is replaced.
         let timeout = Duration::from_millis(60);
-        let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
-            .timeout(timeout)
-            .connect_timeout(Duration::from_millis(200))
-            .breaker_threshold(1)
-            .probe_interval(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        assert!(l.ready(Duration::from_secs(10)).await, "{flavor:?}");
-        let api = Policy::builder("api")
-            .per_second(1000)
-            .burst(1000)
-            .build()
-            .unwrap();
+        let l = probing_limiter(&nodes, timeout, flavor).await;
+        let (api, _) = plain_and_hot();
         // Two subjects on node 0, in different slots: one whose slot migrates, one whose
         // slot stays.
         let mut on_node0 = (0..10_000)
             .map(|i| format!("s{i}"))
-            .filter(|s| owner(slot(key_of(s, "api").as_bytes())) == 0);
+            .filter(|s| owner(slot(key_of(s, "plain").as_bytes())) == 0);
         let migrating = on_node0.next().unwrap();
-        let key_slot = slot(key_of(&migrating, "api").as_bytes());
+        let key_slot = slot(key_of(&migrating, "plain").as_bytes());
         let staying = on_node0
-            .find(|s| slot(key_of(s, "api").as_bytes()) != key_slot)
+            .find(|s| slot(key_of(s, "plain").as_bytes()) != key_slot)
             .unwrap();
-        let id = |n: usize| -> String {
-            redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut nodes[n].conn())
-                .unwrap()
-        };
-        let (from_id, to_id) = (id(0), id(1));
+        let (from_id, to_id) = (node_id(&nodes[0]), node_id(&nodes[1]));
         let setslot = |n: usize, state: &str, other: &str| {
             let _: () = redis::cmd("CLUSTER")
                 .arg("SETSLOT")
@@ -568,7 +531,7 @@ async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() 
         setslot(0, "MIGRATING", &to_id);
         // The fault is real: node 0 answers ASK for the key it does not hold.
         let e = redis::cmd("RL.CHECK")
-            .arg(key_of(&migrating, "api"))
+            .arg(key_of(&migrating, "plain"))
             .arg(1)
             .arg(1)
             .arg(0)
@@ -581,18 +544,11 @@ async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() 
         assert!(!l.breaker_open(), "{flavor:?}: ASK is not a failure");
 
         // Node 0 stalls past the timeout: its breaker opens.
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(2 * timeout.as_millis() as u64)
-            .arg("ALL")
-            .query(&mut nodes[0].conn())
-            .unwrap();
-        let paused = Instant::now();
+        let paused = pause(&nodes[0], timeout);
         let d = l.check_one(&api, &staying, 1).await.unwrap();
         assert_eq!(d.source, Source::LocalFallback, "{flavor:?}: the stall");
         assert!(l.breaker_open(), "{flavor:?}");
-        let _: String = redis::cmd("PING").query(&mut nodes[0].conn()).unwrap();
-        tokio::time::sleep((3 * timeout).saturating_sub(paused.elapsed())).await;
+        until_probe_due(&nodes[0], paused, timeout).await;
 
         // The probe meets the migration: answered by the fail mode, and it closes the
         // breaker, so the slot that stays is asked at once.

@@ -36,11 +36,6 @@ impl Limiter {
         held: &[Held],
         deltas: &[i64],
     ) -> Result<Decision, Error> {
-        if held.is_empty() {
-            return Err(Error::Config(
-                "a settlement needs at least one policy".into(),
-            ));
-        }
         let store = &self.inner.store;
         let items: Vec<SettleItem<'_>> = held
             .iter()
@@ -60,7 +55,7 @@ impl Limiter {
         let settled = self.settle_groups(&groups).await;
 
         // Back from groups to items, in the order of `items` (groups keep it within).
-        let mut per_item: Vec<Option<Reply>> = Vec::with_capacity(held.len());
+        let mut per_item: Vec<Option<Reply>> = vec![None; held.len()];
         let mut local = Vec::new();
         let mut refused = None;
         for (at, s) in at_groups.into_iter().zip(settled) {
@@ -252,11 +247,8 @@ fn add(by_node: &mut ByNode, node: Arc<Node>, g: usize) {
     }
 }
 
-/// `v[i] = Some(x)`, growing `v` as needed (indices come from `settle_groups`).
-fn set<T>(v: &mut Vec<Option<T>>, i: usize, x: T) {
-    if v.len() <= i {
-        v.resize_with(i + 1, || None);
-    }
+/// `v[i] = Some(x)` (`v` is sized for every index it is given).
+fn set<T>(v: &mut [Option<T>], i: usize, x: T) {
     if let Some(slot) = v.get_mut(i) {
         *slot = Some(x);
     }
