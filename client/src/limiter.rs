@@ -530,14 +530,6 @@ impl Limiter {
         planned: &[Planned<'_>],
     ) -> Result<Replies, StoreError> {
         let node = Arc::clone(&lock(asking).node);
-        fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
-            Item {
-                key: &p.key,
-                rate: p.policy.bucket_rate_arg(),
-                burst: p.policy.bucket_limit().burst(),
-                cost,
-            }
-        }
         // The common case, one policy and not sharded: no vectors.
         if let [p] = planned {
             if p.policy.shards() == 1 {
@@ -553,10 +545,24 @@ impl Limiter {
         if main.len() == planned.len() {
             return self.ask(asking, &node, &node, &main).await;
         }
+        // Boxed: the state of its calls would otherwise be carried by every check's
+        // future, the common case's too.
+        Box::pin(self.ask_sharded(asking, &node, planned, &main)).await
+    }
+
+    /// [`ask_store`](Self::ask_store) with a sharded policy: `main`, the others' items,
+    /// first, then each sub-bucket.
+    async fn ask_sharded(
+        &self,
+        asking: &Mutex<Asking>,
+        node: &Arc<Node>,
+        planned: &[Planned<'_>],
+        main: &[Item<'_>],
+    ) -> Result<Replies, StoreError> {
         let main_replies = if main.is_empty() {
             Replies::Many(Vec::new())
         } else {
-            self.ask(asking, &node, &node, &main).await?
+            self.ask(asking, node, node, main).await?
         };
         let mut passed = main_replies.iter().all(|r| r[0] == 1);
         let mut main_replies = main_replies.iter().copied();
@@ -572,7 +578,7 @@ impl Limiter {
                 // A sub-bucket lives on its own slot, maybe another node.
                 let shard_node = self.inner.store.route(&p.key).ok_or_else(not_connected)?;
                 let r = self
-                    .ask(asking, &node, &shard_node, &[item(p, cost)])
+                    .ask(asking, node, &shard_node, &[item(p, cost)])
                     .await?;
                 let r = r
                     .first()
@@ -775,6 +781,16 @@ struct Asking {
     began: Instant,
     /// When the check times out.
     deadline: Instant,
+}
+
+/// The store call's item of one planned bucket, at `cost`.
+fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
+    Item {
+        key: &p.key,
+        rate: p.policy.bucket_rate_arg(),
+        burst: p.policy.bucket_limit().burst(),
+        cost,
+    }
 }
 
 /// The node being asked (plain fields: a poisoned lock still holds valid ones).
