@@ -4,7 +4,7 @@
 use crate::cluster::{parse_moved, Cluster};
 use crate::error::StoreError;
 use crate::node::{Node, NodeSettings};
-use redis::{IntoConnectionInfo, Script};
+use redis::{IntoConnectionInfo, Script, Value};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,13 +193,13 @@ impl Store {
             for i in items {
                 cmd.arg(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
             }
-            let answer = if single {
-                cmd.query_async::<Reply>(&mut conn).await.map(Replies::One)
-            } else {
-                cmd.query_async::<Vec<Reply>>(&mut conn)
-                    .await
-                    .map(Replies::Many)
-            };
+            // The connection manager's own method, not `ConnectionLike`'s, which boxes the
+            // call's future: 1.3 kB, past glibc's per-thread cache, about 850 instructions a
+            // check.
+            let answer = conn
+                .send_packed_command(&cmd)
+                .await
+                .and_then(|v| replies(v, single));
             match answer {
                 Ok(r) => return check_len(r, items.len()),
                 Err(e) if is_unknown_command(&e) => self.switch_to_script(),
@@ -299,6 +299,36 @@ impl Store {
     }
 }
 
+/// A check's reply: `[a, b, c, d]` for `RL.CHECK` (`single`), an array of them for
+/// `RL.CHECKALL`. The expected shapes are read directly; anything else (an error reply)
+/// goes through redis-rs' generic conversion, as `query_async` does, which costs a check
+/// about 900 user-space instructions more (callgrind, loadgen at 2k checks/s).
+fn replies(v: Value, single: bool) -> redis::RedisResult<Replies> {
+    fn four(v: &Value) -> Option<Reply> {
+        match v {
+            Value::Array(a) => match a.as_slice() {
+                [Value::Int(a), Value::Int(b), Value::Int(c), Value::Int(d)] => {
+                    Some([*a, *b, *c, *d])
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    if single {
+        if let Some(r) = four(&v) {
+            return Ok(Replies::One(r));
+        }
+        return Ok(Replies::One(redis::from_redis_value(v.extract_error()?)?));
+    }
+    if let Value::Array(a) = &v {
+        if let Some(r) = a.iter().map(four).collect::<Option<Vec<_>>>() {
+            return Ok(Replies::Many(r));
+        }
+    }
+    Ok(Replies::Many(redis::from_redis_value(v.extract_error()?)?))
+}
+
 fn check_len<R: std::ops::Deref<Target = [Reply]>>(r: R, want: usize) -> Result<R, StoreError> {
     if r.len() == want {
         Ok(r)
@@ -322,4 +352,53 @@ pub(crate) fn not_connected() -> StoreError {
         redis::ErrorKind::ClusterConnectionNotFound,
         "no node serves this key yet",
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(resp: &str) -> Value {
+        redis::parse_redis_value(resp.as_bytes()).expect("valid RESP")
+    }
+
+    #[test]
+    fn a_check_reply_is_read_as_its_four_integers() {
+        let r = replies(value("*4\r\n:1\r\n:19\r\n:-1\r\n:600\r\n"), true).expect("a reply");
+        assert_eq!(&*r, &[[1, 19, -1, 600]]);
+        let r = replies(
+            value("*2\r\n*4\r\n:1\r\n:19\r\n:-1\r\n:600\r\n*4\r\n:0\r\n:0\r\n:250\r\n:3000\r\n"),
+            false,
+        )
+        .expect("replies");
+        assert_eq!(&*r, &[[1, 19, -1, 600], [0, 0, 250, 3000]]);
+    }
+
+    #[test]
+    fn other_shapes_take_the_generic_conversion() {
+        // Integers sent as bulk strings still convert, as through `query_async`.
+        let r = replies(value("*4\r\n$1\r\n1\r\n:19\r\n:-1\r\n:600\r\n"), true).expect("a reply");
+        assert_eq!(&*r, &[[1, 19, -1, 600]]);
+        for (resp, single) in [
+            ("*3\r\n:1\r\n:19\r\n:-1\r\n", true),
+            ("$-1\r\n", true),
+            ("*1\r\n*3\r\n:1\r\n:2\r\n:3\r\n", false),
+            (":1\r\n", false),
+        ] {
+            assert!(replies(value(resp), single).is_err(), "{resp:?}");
+        }
+    }
+
+    #[test]
+    fn an_error_reply_keeps_its_code() {
+        let e = replies(value("-MOVED 3999 127.0.0.1:7001\r\n"), true).expect_err("an error");
+        assert_eq!(parse_moved(&e), Some((3999, "127.0.0.1:7001".into())));
+        let e =
+            replies(value("-ERR unknown command 'RL.CHECKALL'\r\n"), false).expect_err("an error");
+        assert!(is_unknown_command(&e));
+        // An error inside the array fails the whole call, as before.
+        let e =
+            replies(value("*1\r\n-ERR rate must be positive\r\n"), false).expect_err("an error");
+        assert_eq!(e.code(), Some("ERR"));
+    }
 }
