@@ -316,7 +316,10 @@ async fn run(a: Args) {
                 let (policy, counts, hist, done) =
                     (policy.clone(), counts.clone(), hist.clone(), done.clone());
                 let due = started + per_check.mul_f64(i as f64);
-                tokio::spawn(async move {
+                // Boxed: tokio aligns a task to 128 bytes, and a 2 kB block so aligned is
+                // glibc's slow path (about 1 800 instructions a check, callgrind); the box
+                // is a plain allocation, and the task a small one.
+                tokio::spawn(Box::pin(async move {
                     let d = limiter.check_one(&policy, subject.as_str(), 1).await;
                     if due >= measured {
                         if d.as_ref().is_ok_and(Decision::is_allowed) {
@@ -325,7 +328,7 @@ async fn run(a: Args) {
                         record(&hist, &counts, due, &d);
                     }
                     done.fetch_add(1, Relaxed);
-                });
+                }));
             }
         };
         let wait_done = |launched: u64| {
