@@ -210,9 +210,8 @@ impl Store {
         for i in items {
             invocation.key(i.key).arg(i.rate).arg(i.burst).arg(i.cost);
         }
-        // Boxed: the script's future is several times the size of the rest of a check's,
-        // and would be carried by every check's future (and task) though rarely run.
-        let r = Box::pin(invocation.invoke_async::<Vec<Reply>>(&mut conn))
+        let r = invocation
+            .invoke_async::<Vec<Reply>>(&mut conn)
             .await
             .map_err(StoreError::from_redis)?;
         check_len(Replies::Many(r), items.len())
