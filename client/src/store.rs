@@ -314,18 +314,24 @@ fn replies(v: Value, single: bool) -> redis::RedisResult<Replies> {
             _ => None,
         }
     }
-    if single {
-        if let Some(r) = four(&v) {
-            return Ok(Replies::One(r));
-        }
-        return Ok(Replies::One(redis::from_redis_value(v.extract_error()?)?));
+    let read = match (&v, single) {
+        (_, true) => four(&v).map(Replies::One),
+        (Value::Array(all), false) => all
+            .iter()
+            .map(four)
+            .collect::<Option<Vec<_>>>()
+            .map(Replies::Many),
+        (_, false) => None,
+    };
+    if let Some(r) = read {
+        return Ok(r);
     }
-    if let Value::Array(a) = &v {
-        if let Some(r) = a.iter().map(four).collect::<Option<Vec<_>>>() {
-            return Ok(Replies::Many(r));
-        }
-    }
-    Ok(Replies::Many(redis::from_redis_value(v.extract_error()?)?))
+    let v = v.extract_error()?;
+    Ok(if single {
+        Replies::One(redis::from_redis_value(v)?)
+    } else {
+        Replies::Many(redis::from_redis_value(v)?)
+    })
 }
 
 fn check_len<R: std::ops::Deref<Target = [Reply]>>(r: R, want: usize) -> Result<R, StoreError> {
