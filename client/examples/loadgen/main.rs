@@ -6,7 +6,7 @@
 //! cargo run --release -p redis-ratelimit-client --example loadgen -- \
 //!   --redis redis://127.0.0.1:6379 --pods 10 --keys 200000 --rate 50000 --duration 10 \
 //!   --limit 100 --period 60 --burst 20 [--timeout-ms 5] [--cluster] [--threads 1] \
-//!   [--tick-us 50] [--warmup-secs 0] [--closed N] [--pacer thread]
+//!   [--tick-us 50] [--warmup-secs 0] [--closed N] [--pacer thread] [--floor]
 //! ```
 //!
 //! `--warmup-secs W` runs the same open loop for W seconds first, unrecorded: counts,
@@ -25,6 +25,11 @@
 //! across threads, a reply read at the next tick. The pacing's CPU is then inside the
 //! client's (`pacer_cpu_us_per_check` 0); `pacer` in the JSON says which ran (`none` for a
 //! closed loop). Not with `--threads` above 1 or `--closed`.
+//!
+//! `--floor` sends each check through a minimal hand-written connection instead of the
+//! library (`floor.rs`): the same load, tasks, timeout and recording, so its CPU per check is
+//! what tokio and loadgen cost by themselves, the floor under the library's. Single plain
+//! servers only (not with `--cluster` or `--regions`).
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -48,9 +53,11 @@
 //! single server, the server's CPU per call (`INFO cpu` delta over `RL.CHECK` and
 //! `RL.CHECKALL` calls), for comparison with a C client's.
 
+mod floor;
+
 use hdrhistogram::Histogram;
 use redis_ratelimit_client::region::RegionalLimiter;
-use redis_ratelimit_client::{Decision, Error, Limiter, Policy, Source};
+use redis_ratelimit_client::{Decision, Error, Limiter, Policy, Source, Verdict};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,6 +82,7 @@ struct Args {
     warmup_secs: f64,
     closed: usize,
     inline: bool,
+    floor: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -97,11 +105,13 @@ fn parse() -> Result<Args, String> {
         warmup_secs: 0.0,
         closed: 0,
         inline: false,
+        floor: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--cluster" {
-            a.cluster = true;
+        if flag == "--cluster" || flag == "--floor" {
+            a.cluster |= flag == "--cluster";
+            a.floor |= flag == "--floor";
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -143,6 +153,9 @@ fn parse() -> Result<Args, String> {
     }
     if a.inline && (a.threads > 1 || a.closed > 0) {
         return Err("--pacer inline paces an open loop on the one runtime thread".into());
+    }
+    if a.floor && (a.cluster || a.regions > 0) {
+        return Err("--floor runs against one plain server".into());
     }
     if a.regions > 0 && a.closed > 0 {
         return Err("--closed runs without --regions".into());
@@ -210,7 +223,14 @@ async fn run(a: Args) {
         .build()
         .unwrap_or_else(|e| panic!("policy: {e}"));
     let timeout = Duration::from_secs_f64(a.timeout_ms / 1000.0);
-    let pods: Vec<Pod> = if a.regions > 0 {
+    let pods: Vec<Pod> = if a.floor {
+        let mut pods = Vec::new();
+        for _ in 0..a.pods {
+            let f = floor::Floor::connect(&a.redis, policy.rate(), a.burst).await;
+            pods.push(Pod::Floor(f.expect("connect"), timeout));
+        }
+        pods
+    } else if a.regions > 0 {
         regional_pods(&a, &policy, timeout)
     } else {
         (0..a.pods)
@@ -251,7 +271,7 @@ async fn run(a: Args) {
             Pod::Regional(l) => l
                 .share(policy.name())
                 .is_some_and(|s| (s - even).abs() < 0.02),
-            Pod::Plain(_) => true,
+            Pod::Plain(_) | Pod::Floor(..) => true,
         });
         if all_even {
             break;
@@ -423,7 +443,7 @@ async fn run(a: Args) {
             (0..regions)
                 .map(|r| match &pods[r] {
                     Pod::Regional(l) => format!("{:.4}", l.share(policy.name()).unwrap_or(0.0)),
-                    Pod::Plain(_) => "null".into(),
+                    Pod::Plain(_) | Pod::Floor(..) => "null".into(),
                 })
                 .collect(),
         );
@@ -431,7 +451,7 @@ async fn run(a: Args) {
             .iter()
             .map(|p| match p {
                 Pod::Regional(l) => l.rebalances(),
-                Pod::Plain(_) => 0,
+                Pod::Plain(_) | Pod::Floor(..) => 0,
             })
             .sum();
         format!(
@@ -572,11 +592,13 @@ impl Subject {
     }
 }
 
-/// A pod: a plain limiter, or one region's share of the quota.
+/// A pod: a plain limiter, one region's share of the quota, or the floor's bare connection
+/// (with its timeout).
 #[derive(Clone)]
 enum Pod {
     Plain(Limiter),
     Regional(RegionalLimiter),
+    Floor(floor::Floor, Duration),
 }
 
 impl Pod {
@@ -584,6 +606,26 @@ impl Pod {
         match self {
             Pod::Plain(l) => l.check_one(p, subject, cost).await,
             Pod::Regional(l) => l.check_one(p, subject, cost).await,
+            Pod::Floor(f, timeout) => {
+                let reply = tokio::time::timeout(*timeout, f.check(subject, cost)).await;
+                match reply.ok().flatten() {
+                    Some([allowed, remaining, retry_after_ms, reset_after_ms]) => Ok(Decision {
+                        verdict: if allowed == 1 {
+                            Verdict::Allowed
+                        } else {
+                            Verdict::Denied {
+                                retry_after: Duration::from_millis(retry_after_ms.max(0) as u64),
+                            }
+                        },
+                        source: Source::Store,
+                        policy: p.clone(),
+                        remaining: remaining.max(0) as u64,
+                        reset_after: Duration::from_millis(reset_after_ms.max(0) as u64),
+                        outcomes: Vec::new(),
+                    }),
+                    None => Err(Error::Protocol("no reply (floor)".into())),
+                }
+            }
         }
     }
 }
