@@ -9,6 +9,7 @@
 //! keys are the subject itself (`rl:{key123}:loadgen`), not the library's hashed tag.
 
 use std::collections::VecDeque;
+use std::fmt::Display;
 use std::future::poll_fn;
 use std::io::ErrorKind::WouldBlock;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 /// `RL.CHECK`'s reply, `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 pub(crate) type Reply = [i64; 4];
 
-/// An encoded command and where its reply goes (`None`: an error reply, or another shape).
+/// An encoded command and where its reply goes (`None`: an error reply).
 struct Request {
     command: Vec<u8>,
     reply: oneshot::Sender<Option<Reply>>,
@@ -43,49 +44,62 @@ impl Floor {
         socket.set_nodelay(true)?;
         let (queue, requests) = mpsc::unbounded_channel();
         tokio::spawn(drive(socket, requests));
-        // f64's Display is the shortest text that parses back exactly, as the library sends.
-        let (rate, burst) = (rate.to_string(), burst.to_string());
-        let tail = format!(
-            "${}\r\n{rate}\r\n${}\r\n{burst}\r\n",
-            rate.len(),
-            burst.len()
-        );
         Ok(Floor {
             queue,
-            tail: tail.into_bytes().into(),
+            tail: encode_tail(rate, burst).into(),
         })
     }
 
     /// Takes `cost` tokens from `subject`'s bucket: `None` if the connection is gone or the
-    /// server answered anything but a check's reply.
+    /// server answered with an error.
     pub(crate) async fn check(&self, subject: &str, cost: u64) -> Option<Reply> {
-        let key_len = subject.len() + "rl:{}:loadgen".len();
-        let mut command = Vec::with_capacity(48 + key_len + self.tail.len());
-        command.extend_from_slice(b"*5\r\n$8\r\nRL.CHECK\r\n$");
-        push_decimal(&mut command, key_len);
-        command.extend_from_slice(b"\r\nrl:{");
-        command.extend_from_slice(subject.as_bytes());
-        command.extend_from_slice(b"}:loadgen\r\n");
-        command.extend_from_slice(&self.tail);
-        let cost = Decimal::new(cost);
-        command.push(b'$');
-        push_decimal(&mut command, cost.as_bytes().len());
-        command.extend_from_slice(b"\r\n");
-        command.extend_from_slice(cost.as_bytes());
-        command.extend_from_slice(b"\r\n");
+        let command = encode(subject, &self.tail, cost);
         let (reply, answer) = oneshot::channel();
         self.queue.send(Request { command, reply }).ok()?;
         answer.await.ok().flatten()
     }
 }
 
-/// A number's decimal digits, written on the stack without going through `fmt`.
+/// Rate and burst as bulk strings. f64's `Display` is the shortest text that parses back
+/// exactly, as the library sends it.
+fn encode_tail(rate: f64, burst: u64) -> Vec<u8> {
+    let (rate, burst) = (rate.to_string(), burst.to_string());
+    format!(
+        "${}\r\n{rate}\r\n${}\r\n{burst}\r\n",
+        rate.len(),
+        burst.len()
+    )
+    .into_bytes()
+}
+
+/// `RL.CHECK rl:{subject}:loadgen <tail> cost` in RESP, in one allocation of its size.
+fn encode(subject: &str, tail: &[u8], cost: u64) -> Vec<u8> {
+    let key_len = Decimal::new((subject.len() + "rl:{}:loadgen".len()) as u64);
+    let cost = Decimal::new(cost);
+    let mut command = Vec::with_capacity(72 + subject.len() + tail.len());
+    command.extend_from_slice(b"*5\r\n$8\r\nRL.CHECK\r\n$");
+    command.extend_from_slice(key_len.as_bytes());
+    command.extend_from_slice(b"\r\nrl:{");
+    command.extend_from_slice(subject.as_bytes());
+    command.extend_from_slice(b"}:loadgen\r\n");
+    command.extend_from_slice(tail);
+    command.push(b'$');
+    command.extend_from_slice(Decimal::new(cost.as_bytes().len() as u64).as_bytes());
+    command.extend_from_slice(b"\r\n");
+    command.extend_from_slice(cost.as_bytes());
+    command.extend_from_slice(b"\r\n");
+    command
+}
+
+/// A number's decimal digits on the stack: `fmt` on every check cost more than the rest of
+/// the encoding.
 struct Decimal {
     digits: [u8; 20],
     from: usize,
 }
 
 impl Decimal {
+    /// `n`'s digits (u64::MAX has 20).
     fn new(mut n: u64) -> Self {
         let mut digits = [0u8; 20];
         let mut from = digits.len();
@@ -99,18 +113,16 @@ impl Decimal {
         }
     }
 
+    /// The digits, most significant first.
     fn as_bytes(&self) -> &[u8] {
         &self.digits[self.from..]
     }
 }
 
-fn push_decimal(out: &mut Vec<u8>, n: usize) {
-    out.extend_from_slice(Decimal::new(n as u64).as_bytes());
-}
-
 /// The connection's task: takes what is queued, writes it, reads what has arrived, and
-/// answers the oldest requests with the complete replies, until the socket or the queue
-/// closes.
+/// answers the oldest requests with the complete replies, until the queue closes with
+/// nothing waiting. On a socket error, or a reply it cannot pair with a request, it says
+/// why and ends: every check after that fails (loadgen counts them as errors).
 async fn drive(socket: TcpStream, mut requests: mpsc::UnboundedReceiver<Request>) {
     let mut out = Vec::with_capacity(16 << 10);
     let mut input = vec![0u8; 64 << 10];
@@ -130,37 +142,49 @@ async fn drive(socket: TcpStream, mut requests: mpsc::UnboundedReceiver<Request>
         }
         while !out.is_empty() {
             match socket.try_write(&out) {
+                Ok(0) => return end("the socket took no bytes"),
                 Ok(n) => drop(out.drain(..n)),
                 // Registers for the socket's next writability, unless it is writable again.
-                Err(e) if e.kind() == WouldBlock => {
-                    if socket.poll_write_ready(cx).is_pending() {
-                        break;
-                    }
-                }
-                Err(_) => return Poll::Ready(()),
+                Err(e) if e.kind() == WouldBlock => match socket.poll_write_ready(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return end(e),
+                },
+                Err(e) => return end(e),
             }
         }
         // Read until the socket has nothing more: the last try registers for the next data.
         while let Poll::Ready(ready) = socket.poll_read_ready(cx) {
-            if ready.is_err() || filled == input.len() {
-                return Poll::Ready(());
+            if let Err(e) = ready {
+                return end(e);
+            }
+            if filled == input.len() {
+                return end("64 KiB of input without a complete reply");
             }
             match socket.try_read(&mut input[filled..]) {
-                Ok(0) => return Poll::Ready(()),
+                Ok(0) => return end("the server closed the connection"),
                 Ok(n) => {
                     filled += n;
                     let mut at = 0;
-                    while let Some((reply, next)) = parse(&input[..filled], at) {
+                    loop {
+                        let (reply, next) = match parse(&input[..filled], at) {
+                            Parsed::Reply(r, next) => (Some(r), next),
+                            Parsed::Error(next) => (None, next),
+                            Parsed::Partial => break,
+                            Parsed::Lost => return end("a reply that is not RL.CHECK's"),
+                        };
                         at = next;
-                        if let Some(to) = waiting.pop_front() {
-                            let _ = to.send(reply);
+                        // A timed-out check's receiver is gone: its reply is dropped here.
+                        match waiting.pop_front() {
+                            Some(to) => drop(to.send(reply)),
+                            None => return end("a reply with no request waiting"),
                         }
                     }
                     input.copy_within(at..filled, 0);
                     filled -= at;
                 }
                 Err(e) if e.kind() == WouldBlock => {}
-                Err(_) => return Poll::Ready(()),
+                Err(e) => return end(e),
             }
         }
         if open || !waiting.is_empty() {
@@ -172,6 +196,25 @@ async fn drive(socket: TcpStream, mut requests: mpsc::UnboundedReceiver<Request>
     .await
 }
 
+/// Ends the connection's task, saying why.
+fn end(why: impl Display) -> Poll<()> {
+    eprintln!("loadgen --floor: connection ended: {why}");
+    Poll::Ready(())
+}
+
+/// What starts at a position of the input.
+#[derive(Debug, PartialEq)]
+enum Parsed {
+    /// A check's reply, and where the next reply starts.
+    Reply(Reply, usize),
+    /// An error reply (one line), and where the next reply starts.
+    Error(usize),
+    /// A reply not all arrived yet.
+    Partial,
+    /// Any other shape: past it, replies can no longer be told apart.
+    Lost,
+}
+
 /// The line starting at `at`, without its CRLF, and where the next one starts.
 fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let rest = buf.get(at..)?;
@@ -179,27 +222,33 @@ fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
     Some((rest.get(..end)?, at + end + 2))
 }
 
-/// The complete reply starting at `at` and where the next one starts, or `None` if it has
-/// not all arrived. A reply other than four integers (an error, say) is read as `None`;
-/// only its first line is taken, which is all of an error reply.
-fn parse(buf: &[u8], at: usize) -> Option<(Option<Reply>, usize)> {
-    let (head, mut at) = line(buf, at)?;
+/// The reply starting at `at`: `RL.CHECK`'s four integers or an error line; anything else
+/// is `Lost`, as the parser here does not know how long it is.
+fn parse(buf: &[u8], at: usize) -> Parsed {
+    let Some((head, mut at)) = line(buf, at) else {
+        return Parsed::Partial;
+    };
+    if head.starts_with(b"-") {
+        return Parsed::Error(at);
+    }
     if head != b"*4" {
-        return Some((None, at));
+        return Parsed::Lost;
     }
     let mut reply = [0i64; 4];
     for v in reply.iter_mut() {
-        let (text, next) = line(buf, at)?;
+        let Some((text, next)) = line(buf, at) else {
+            return Parsed::Partial;
+        };
         at = next;
         match text
             .strip_prefix(b":")
             .and_then(|d| std::str::from_utf8(d).ok()?.parse().ok())
         {
             Some(n) => *v = n,
-            None => return Some((None, at)),
+            None => return Parsed::Lost,
         }
     }
-    Some((Some(reply), at))
+    Parsed::Reply(reply, at)
 }
 
 #[cfg(test)]
@@ -209,16 +258,41 @@ mod tests {
     #[test]
     fn replies_are_read_whole_or_not_at_all() {
         let two = b"*4\r\n:1\r\n:19\r\n:-1\r\n:3000\r\n*4\r\n:0\r\n:0\r\n:2500\r\n:60000\r\n";
-        let (first, next) = parse(two, 0).expect("complete");
-        assert_eq!(first, Some([1, 19, -1, 3000]));
+        let Parsed::Reply(first, next) = parse(two, 0) else {
+            panic!("the first reply is complete");
+        };
+        assert_eq!(first, [1, 19, -1, 3000]);
         assert_eq!(
             parse(two, next),
-            Some((Some([0, 0, 2500, 60000]), two.len()))
+            Parsed::Reply([0, 0, 2500, 60000], two.len())
         );
-        for cut in 0..two.len() - next {
-            assert_eq!(parse(&two[..next + cut], next), None, "cut at {cut}");
+        for cut in next..two.len() {
+            assert_eq!(parse(&two[..cut], next), Parsed::Partial, "cut at {cut}");
         }
-        assert_eq!(parse(b"-ERR rate\r\n:1\r\n", 0), Some((None, 11)));
+    }
+
+    #[test]
+    fn an_error_is_one_line_and_other_shapes_are_lost() {
+        assert_eq!(parse(b"-ERR rate\r\n*4\r\n", 0), Parsed::Error(11));
+        assert_eq!(parse(b"$3\r\nabc\r\n", 0), Parsed::Lost);
+        assert_eq!(parse(b"*5\r\n:1\r\n", 0), Parsed::Lost);
+        assert_eq!(
+            parse(b"*4\r\n:1\r\n$3\r\nabc\r\n:1\r\n:1\r\n", 0),
+            Parsed::Lost
+        );
+        assert_eq!(parse(b"*4\r\n:1\r\n:x\r\n", 0), Parsed::Lost);
+    }
+
+    #[test]
+    fn the_command_is_rl_check_in_resp() {
+        let tail = encode_tail(100.0 / 60.0, 20);
+        assert_eq!(
+            encode("key7", &tail, 1),
+            b"*5\r\n$8\r\nRL.CHECK\r\n$17\r\nrl:{key7}:loadgen\r\n$18\r\n1.6666666666666667\r\n\
+              $2\r\n20\r\n$1\r\n1\r\n"
+                .to_vec()
+        );
+        assert!(encode("key7", &tail, 12_345).ends_with(b"$5\r\n12345\r\n"));
     }
 
     #[test]

@@ -28,8 +28,9 @@
 //!
 //! `--floor` sends each check through a minimal hand-written connection instead of the
 //! library (`floor.rs`): the same load, tasks, timeout and recording, so its CPU per check is
-//! what tokio and loadgen cost by themselves, the floor under the library's. Single plain
-//! servers only (not with `--cluster` or `--regions`).
+//! what tokio and loadgen cost by themselves, the floor under the library's (`floor` in the
+//! JSON says it ran). One plain `redis://host:port` server only: no password, database,
+//! TLS, `--cluster` or `--regions`.
 //!
 //! Regions: `--regions N --redis URL0,URL1,...` (one store per region, in order), with
 //! `--region-weights a,b,c` (how the offered load splits over the regions, default even) and
@@ -109,9 +110,12 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--cluster" || flag == "--floor" {
-            a.cluster |= flag == "--cluster";
-            a.floor |= flag == "--floor";
+        if flag == "--cluster" {
+            a.cluster = true;
+            continue;
+        }
+        if flag == "--floor" {
+            a.floor = true;
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -226,8 +230,13 @@ async fn run(a: Args) {
     let pods: Vec<Pod> = if a.floor {
         let mut pods = Vec::new();
         for _ in 0..a.pods {
-            let f = floor::Floor::connect(&a.redis, policy.rate(), a.burst).await;
-            pods.push(Pod::Floor(f.expect("connect"), timeout));
+            match floor::Floor::connect(&a.redis, policy.rate(), a.burst).await {
+                Ok(f) => pods.push(Pod::Floor(f, timeout)),
+                Err(e) => {
+                    eprintln!("loadgen: --floor connects to redis://host:port only: {e}");
+                    std::process::exit(2);
+                }
+            }
         }
         pods
     } else if a.regions > 0 {
@@ -469,7 +478,7 @@ async fn run(a: Args) {
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
             "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
             "\"pacer_tick_us\":{:.0},",
-            "\"server_cpu_us_per_call\":{},\"closed\":{},\"pacer\":\"{}\"{}}}"
+            "\"server_cpu_us_per_call\":{},\"closed\":{},\"pacer\":\"{}\",\"floor\":{}{}}}"
         ),
         n(&c.checks),
         n(&c.allowed),
@@ -506,6 +515,7 @@ async fn run(a: Args) {
             (0, true) => "inline",
             _ => "none",
         },
+        a.floor,
         regional,
     );
 }
