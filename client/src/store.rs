@@ -323,9 +323,15 @@ fn replies(v: Value, single: bool) -> redis::RedisResult<Replies> {
             .map(Replies::Many),
         (_, false) => None,
     };
-    if let Some(r) = read {
-        return Ok(r);
+    match read {
+        Some(r) => Ok(r),
+        None => converted(v, single),
     }
+}
+
+/// What `query_async` makes of a reply: errors anywhere in it first, then redis-rs' generic
+/// conversion.
+fn converted(v: Value, single: bool) -> redis::RedisResult<Replies> {
     let v = v.extract_error()?;
     Ok(if single {
         Replies::One(redis::from_redis_value(v)?)
@@ -379,16 +385,6 @@ mod tests {
         assert_eq!(&*r, &[[1, 19, -1, 600], [0, 0, 250, 3000]]);
     }
 
-    /// What `query_async` made of a reply: the conversion `replies` falls back to.
-    fn generic(v: Value, single: bool) -> redis::RedisResult<Replies> {
-        let v = v.extract_error()?;
-        Ok(if single {
-            Replies::One(redis::from_redis_value(v)?)
-        } else {
-            Replies::Many(redis::from_redis_value(v)?)
-        })
-    }
-
     #[test]
     fn every_reply_is_read_as_query_async_read_it() {
         for (resp, single) in [
@@ -418,7 +414,7 @@ mod tests {
                 false,
             ),
         ] {
-            let (fast, slow) = (replies(value(resp), single), generic(value(resp), single));
+            let (fast, slow) = (replies(value(resp), single), converted(value(resp), single));
             match (fast, slow) {
                 (Ok(f), Ok(s)) => assert_eq!(&*f, &*s, "{resp:?}"),
                 (Err(f), Err(s)) => {

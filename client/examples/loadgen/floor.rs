@@ -8,12 +8,14 @@
 //! A benchmark reference, not a client. It takes plain `redis://host:port` servers, and its
 //! keys are the subject itself (`rl:{key123}:loadgen`), not the library's hashed tag.
 
+use redis_ratelimit_client::{Decision, Error, Policy, Source, Verdict};
 use std::collections::VecDeque;
 use std::fmt::Display;
 use std::future::poll_fn;
 use std::io::ErrorKind::WouldBlock;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -33,12 +35,18 @@ pub(crate) struct Floor {
     queue: mpsc::UnboundedSender<Request>,
     /// The arguments between the key and the cost, encoded once: rate and burst.
     tail: Arc<[u8]>,
+    /// How long a check waits for its reply, as the library's timeout.
+    timeout: Duration,
 }
 
 impl Floor {
-    /// Connects to `url` (`redis://host:port`) for a bucket of `rate` tokens per second and
-    /// `burst`.
-    pub(crate) async fn connect(url: &str, rate: f64, burst: u64) -> std::io::Result<Floor> {
+    /// Connects to `url` (`redis://host:port`) for `policy`'s bucket (its rate and burst),
+    /// each check waiting up to `timeout`.
+    pub(crate) async fn connect(
+        url: &str,
+        policy: &Policy,
+        timeout: Duration,
+    ) -> std::io::Result<Floor> {
         let addr = url.trim_start_matches("redis://").trim_end_matches('/');
         let socket = TcpStream::connect(addr).await?;
         socket.set_nodelay(true)?;
@@ -46,13 +54,45 @@ impl Floor {
         tokio::spawn(drive(socket, requests));
         Ok(Floor {
             queue,
-            tail: encode_tail(rate, burst).into(),
+            tail: encode_tail(policy.rate(), policy.burst()).into(),
+            timeout,
         })
     }
 
-    /// Takes `cost` tokens from `subject`'s bucket: `None` if the connection is gone or the
-    /// server answered with an error.
-    pub(crate) async fn check(&self, subject: &str, cost: u64) -> Option<Reply> {
+    /// Takes `cost` tokens from `subject`'s bucket of `policy` and answers as the library
+    /// would from the store; no reply within the timeout, an error reply or a connection gone
+    /// is an error (there is no fallback).
+    pub(crate) async fn check_one(
+        &self,
+        policy: &Policy,
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let reply = tokio::time::timeout(self.timeout, self.ask(subject, cost)).await;
+        let [allowed, remaining, retry_after_ms, reset_after_ms] = reply
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::Protocol("no reply (floor)".into()))?;
+        let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+        Ok(Decision {
+            verdict: if allowed == 1 {
+                Verdict::Allowed
+            } else {
+                Verdict::Denied {
+                    retry_after: ms(retry_after_ms),
+                }
+            },
+            source: Source::Store,
+            policy: policy.clone(),
+            remaining: remaining.max(0) as u64,
+            reset_after: ms(reset_after_ms),
+            outcomes: Vec::new(),
+        })
+    }
+
+    /// The server's reply to `cost` tokens of `subject`: `None` if the connection is gone or
+    /// the server answered with an error.
+    async fn ask(&self, subject: &str, cost: u64) -> Option<Reply> {
         let command = encode(subject, &self.tail, cost);
         let (reply, answer) = oneshot::channel();
         self.queue.send(Request { command, reply }).ok()?;

@@ -58,7 +58,7 @@ mod floor;
 
 use hdrhistogram::Histogram;
 use redis_ratelimit_client::region::RegionalLimiter;
-use redis_ratelimit_client::{Decision, Error, Limiter, Policy, Source, Verdict};
+use redis_ratelimit_client::{Decision, Error, Limiter, Policy, Source};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -230,8 +230,8 @@ async fn run(a: Args) {
     let pods: Vec<Pod> = if a.floor {
         let mut pods = Vec::new();
         for _ in 0..a.pods {
-            match floor::Floor::connect(&a.redis, policy.rate(), a.burst).await {
-                Ok(f) => pods.push(Pod::Floor(f, timeout)),
+            match floor::Floor::connect(&a.redis, &policy, timeout).await {
+                Ok(f) => pods.push(Pod::Floor(f)),
                 Err(e) => {
                     eprintln!("loadgen: --floor connects to redis://host:port only: {e}");
                     std::process::exit(2);
@@ -280,7 +280,7 @@ async fn run(a: Args) {
             Pod::Regional(l) => l
                 .share(policy.name())
                 .is_some_and(|s| (s - even).abs() < 0.02),
-            Pod::Plain(_) | Pod::Floor(..) => true,
+            Pod::Plain(_) | Pod::Floor(_) => true,
         });
         if all_even {
             break;
@@ -452,7 +452,7 @@ async fn run(a: Args) {
             (0..regions)
                 .map(|r| match &pods[r] {
                     Pod::Regional(l) => format!("{:.4}", l.share(policy.name()).unwrap_or(0.0)),
-                    Pod::Plain(_) | Pod::Floor(..) => "null".into(),
+                    Pod::Plain(_) | Pod::Floor(_) => "null".into(),
                 })
                 .collect(),
         );
@@ -460,7 +460,7 @@ async fn run(a: Args) {
             .iter()
             .map(|p| match p {
                 Pod::Regional(l) => l.rebalances(),
-                Pod::Plain(_) | Pod::Floor(..) => 0,
+                Pod::Plain(_) | Pod::Floor(_) => 0,
             })
             .sum();
         format!(
@@ -602,13 +602,12 @@ impl Subject {
     }
 }
 
-/// A pod: a plain limiter, one region's share of the quota, or the floor's bare connection
-/// (with its timeout).
+/// A pod: a plain limiter, one region's share of the quota, or the floor's bare connection.
 #[derive(Clone)]
 enum Pod {
     Plain(Limiter),
     Regional(RegionalLimiter),
-    Floor(floor::Floor, Duration),
+    Floor(floor::Floor),
 }
 
 impl Pod {
@@ -616,26 +615,7 @@ impl Pod {
         match self {
             Pod::Plain(l) => l.check_one(p, subject, cost).await,
             Pod::Regional(l) => l.check_one(p, subject, cost).await,
-            Pod::Floor(f, timeout) => {
-                let reply = tokio::time::timeout(*timeout, f.check(subject, cost)).await;
-                match reply.ok().flatten() {
-                    Some([allowed, remaining, retry_after_ms, reset_after_ms]) => Ok(Decision {
-                        verdict: if allowed == 1 {
-                            Verdict::Allowed
-                        } else {
-                            Verdict::Denied {
-                                retry_after: Duration::from_millis(retry_after_ms.max(0) as u64),
-                            }
-                        },
-                        source: Source::Store,
-                        policy: p.clone(),
-                        remaining: remaining.max(0) as u64,
-                        reset_after: Duration::from_millis(reset_after_ms.max(0) as u64),
-                        outcomes: Vec::new(),
-                    }),
-                    None => Err(Error::Protocol("no reply (floor)".into())),
-                }
-            }
+            Pod::Floor(f) => f.check_one(p, subject, cost).await,
         }
     }
 }
