@@ -292,10 +292,8 @@ async fn run(a: Args) {
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
-    // Pacing runs on its own thread, asking to wake every `--tick-us` (finer than tokio's
-    // 1 ms timer; 50 us asked is ~145-180 us here with the kernel's timer slack); each wake hands
-    // the runtime one batch of due checks, so the cross-thread wake-up is paid per batch,
-    // not per check.
+    // The pacer (thread or inline, below) wakes every `--tick-us`, finer than tokio's 1 ms
+    // timer: 50 us asked is ~145-180 us here with the kernel's timer slack.
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     // Checks due before `measured` are the warm-up's: run, not recorded.
@@ -392,6 +390,8 @@ async fn run(a: Args) {
             wait_done(launched).await;
             (ticks, Cpu::default())
         } else {
+            // Each wake of the pacing thread hands the runtime one batch of due checks, so
+            // the cross-thread wake-up is paid per batch, not per check.
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
             let pacer = std::thread::spawn(move || {
                 let mut cpu_before = None;
