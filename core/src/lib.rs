@@ -9,9 +9,11 @@
 //!
 //! All times are integer [ticks](TICKS_PER_SECOND) of 100 ns since the Unix epoch, and the time
 //! per token is a whole number of ticks, so every step is exact integer arithmetic: no rounding
-//! error accumulates and a burst from a full bucket admits exactly `burst` tokens. Every value
-//! stays below 2^53, so a Lua script (whose numbers are doubles) reproduces the same results
-//! bit for bit; see [`stored`] for the format shared with that script.
+//! error accumulates and a burst from a full bucket admits exactly `burst` tokens. Absolute
+//! times in ticks (~1.7 × 10^16) are above 2^53, but every quantity taken relative to the
+//! current millisecond stays below it, so a Lua script (whose numbers are doubles) working
+//! that way reproduces the same results bit for bit; see [`stored`] for the format shared
+//! with that script.
 //!
 //! The Redis module (`RL.CHECK`, `RL.CHECKALL`, `RL.SETTLE`) and the client's local fallback
 //! all call [`check`], [`check_all`] and [`settle`]. Time is always passed in.
@@ -45,9 +47,10 @@ pub use share::Share;
 
 /// Ticks per second: the core's unit of time is 100 ns.
 ///
-/// Fine enough that the time per token is a whole number of ticks with negligible rounding for
-/// any rate up to [`Limit::MAX_RATE`], coarse enough that the sub-millisecond part of a TAT fits
-/// in 0..10 000 (see [`stored`]).
+/// Fine enough that the time per token is a whole number of ticks with little rounding for the
+/// rates limits use (less than `rate / 10^7` relative: < 0.01% at 1 000/s, though a rate just
+/// under [`Limit::MAX_RATE`] rounds to half of it), coarse enough that the sub-millisecond part
+/// of a TAT fits in 0..10 000 (see [`stored`]).
 pub const TICKS_PER_SECOND: u64 = 10_000_000;
 /// Ticks per millisecond.
 pub const TICKS_PER_MS: u64 = 10_000;
@@ -86,7 +89,7 @@ impl Limit {
     ///
     /// The time per token is `ceil(10^7 / rate)` ticks: rounded up, so the effective rate is
     /// never above the one asked for (exact for any rate that divides 10^7, such as 100/min;
-    /// at most 1 ppm slower below 10 tokens/s).
+    /// otherwise slower by less than `rate / 10^7` relative: at most 1 ppm below 10 tokens/s).
     pub fn new(rate: f64, burst: u64) -> Result<Self, LimitError> {
         if !rate.is_finite() {
             return Err(LimitError::RateNotFinite);
@@ -214,8 +217,8 @@ pub struct Decision {
 /// Checks `cost` tokens against a bucket whose TAT is `tat` (0, or anything not after `now`,
 /// for a full bucket) at time `now`, and takes them if they are there.
 ///
-/// A refused check changes nothing (`changed == false`, `tat` as it was); so does `cost == 0`,
-/// a peek.
+/// A refused check changes nothing (`changed == false`); so does `cost == 0`, a peek. Their
+/// `tat` is the bucket as read at `now`: the stored TAT, or `now` if that has passed (full).
 ///
 /// A TAT more than `burst / rate` ahead of now is honoured, not clamped: it is debt charged by
 /// [`settle`], a bucket drained under a larger burst than this limit's, or a server clock that

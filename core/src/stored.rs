@@ -47,9 +47,10 @@ pub const MAX_LINGER_MS: u64 = LINGER_MS[LINGER_MS.len() - 1];
 /// The linger class a write under `limit` uses: the smallest linger at least as long as the
 /// limit's refill time (`burst / rate`), capped at [`MAX_LINGER_MS`], and at least 1 s.
 ///
-/// So a key of an idle subject is gone at most about one refill time (≤ 60 s) after its bucket
-/// is full, as the usual Lua limiter's `EXPIRE burst/rate + 1` would keep it, while a subject
-/// seen again within that time finds its key still there.
+/// So a key of an idle subject is gone one linger after its bucket is full: at least the
+/// refill time, as the usual Lua limiter's `EXPIRE burst/rate + 1` would keep it, at most the
+/// next class up (a 1.01 s refill lingers 4 s, a 15.01 s one 60 s) and never over 60 s, while
+/// a subject seen again within that time finds its key still there.
 pub fn linger_class(limit: &Limit) -> u8 {
     let refill_ms = limit.refill_ticks().div_ceil(TICKS_PER_MS);
     let class = LINGER_MS
