@@ -12,7 +12,10 @@
 //!   and whose header passed the load-time probe): like Redis with its own shared integers,
 //!   the module creates each value once, at load, marks it immutable, and lets every key point
 //!   to it, so a bucket costs what any key with a TTL costs. The key is opened once, read
-//!   with `StringDMA` and written with `StringSet` (see `Bucket`).
+//!   with `StringDMA` and written with `StringSet` (see `Bucket`). A value the server
+//!   integer-encoded (a `SET` from the Lua script or from replication) or embedded is copied
+//!   into a raw string of the key's own by that read, 8 bytes more until the next write; the
+//!   module API has no way to see the encoding first (README: "Stored format").
 //! - **Server-encoded** (every other server, e.g. Valkey 8.1+, where the key is embedded in
 //!   its value object so no key can point at a shared one; and any server while an LRU/LFU
 //!   eviction policy may be on, since the recency stamp lives in the value object and a shared
@@ -40,8 +43,8 @@ pub(crate) type KeyName = *mut raw::RedisModuleString;
 ///
 /// Created at load (about 2 MB, once per server) rather than on first use: creating one costs
 /// more than a whole check, and a busy server would otherwise pay it on ~10 000 checks of each
-/// linger class. `ValuePool::get` still creates one on demand should load-time creation have
-/// failed part-way.
+/// linger class. Load fills the pool through `ValuePool::get` and fails if any value cannot be
+/// created, so a command always finds its value there.
 #[derive(Debug)]
 pub struct ValuePool {
     /// Null until created. Only the main thread (at load, or inside a command) reads or writes
@@ -164,7 +167,7 @@ impl ValuePool {
         Ok(())
     }
 
-    /// The shared string for `value` (created if load-time creation missed it).
+    /// The shared string for `value`, created on its first call (at load, by `init`).
     fn get(value: u32) -> Result<*mut raw::RedisModuleString, RedisError> {
         let pool = POOL
             .get()
