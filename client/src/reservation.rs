@@ -1,6 +1,6 @@
 //! Reserve an estimate, settle the real cost after the work: [`Limiter::reserve`].
 
-use crate::{Decision, Error, Limiter, Policy};
+use crate::{Decision, Error, Limiter, Policy, Source};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -46,6 +46,9 @@ impl Held {
 ///   settlement is dropped (counted in `ratelimit_settle_dropped_total`). On a cluster this
 ///   is per node: the buckets of the nodes that answer are settled on them, and a decision
 ///   partly settled locally has the local source.
+/// - A reservation the local fallback admitted is settled on the local buckets even once
+///   the store is back: the store never took its estimate, so a refund there would let the
+///   pods together take more than the limit.
 #[derive(Debug)]
 #[must_use = "settle it with the actual cost; dropping it refunds the estimate"]
 pub struct Reservation {
@@ -104,7 +107,16 @@ impl Reservation {
         for (h, &delta) in held.iter().zip(&deltas) {
             h.count(delta);
         }
-        self.limiter.settle_held(&held, &deltas).await
+        let at_store = self.taken_at_store();
+        self.limiter.settle_held(&held, &deltas, at_store).await
+    }
+}
+
+impl Reservation {
+    /// Whether the store took the estimates; otherwise the local fallback did (or, with it
+    /// off, nothing did).
+    fn taken_at_store(&self) -> bool {
+        self.decision.source == Source::Store
     }
 }
 
@@ -119,13 +131,14 @@ impl Drop for Reservation {
         }
         let held = std::mem::take(&mut self.held);
         let limiter = self.limiter.clone();
+        let at_store = self.taken_at_store();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
                 for (h, &delta) in held.iter().zip(&deltas) {
                     h.count(delta);
                 }
-                if let Err(e) = limiter.settle_held(&held, &deltas).await {
+                if let Err(e) = limiter.settle_held(&held, &deltas, at_store).await {
                     tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");
                 }
             });

@@ -214,3 +214,83 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
     assert_eq!(d.source, Source::LocalFallback);
     assert!(!d.is_allowed(), "the local debt must refuse the next check");
 }
+
+/// A reservation the local fallback admitted is settled on that local bucket even once the
+/// store is back: the store never took its estimate, so refunding it there would let the
+/// other pods take more than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_back() {
+    if std::env::var("REDIS_URL").is_ok() {
+        return;
+    }
+    let mut s = Server::start(Flavor::Redis);
+    let pod = |timeout_ms| {
+        Limiter::builder(s.url())
+            .timeout(Duration::from_millis(timeout_ms))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (pod(50), pod(500));
+    let p = Policy::builder("llm")
+        .per_hour(100)
+        .burst(100)
+        .build()
+        .unwrap();
+    assert!(a.ready(Duration::from_secs(5)).await);
+    s.kill();
+    let r = a.reserve("key-6", &[(&p, 10)]).await.unwrap();
+    assert!(r.is_allowed());
+    assert_eq!(r.decision().source, Source::LocalFallback);
+
+    s.restart();
+    // Until pod a's breaker lets it reach the store again (its first probe is 50 ms away).
+    let back = tokio::time::timeout(Duration::from_secs(10), async {
+        while a.check_one(&p, "key-other", 0).await.unwrap().source != Source::Store {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(back.is_ok(), "pod a never reached the restarted store");
+    // Pod b takes the whole limit from the store.
+    let d = b.check_one(&p, "key-6", 100).await.unwrap();
+    assert_eq!(d.source, Source::Store);
+    assert!(d.is_allowed());
+
+    let after = r.settle(0).await.unwrap();
+    assert_eq!(
+        after.source,
+        Source::LocalFallback,
+        "settled where it was taken"
+    );
+    let d = b.check_one(&p, "key-6", 1).await.unwrap();
+    assert_eq!(d.source, Source::Store);
+    assert!(
+        !d.is_allowed(),
+        "the store refunded 10 tokens it never took: {} remaining",
+        d.remaining
+    );
+}
+
+/// With the local fallback off, a fail-open reservation takes nothing while the store is down,
+/// so its settlement is dropped and reported as fail-open (not fail-closed: nothing refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_local_fallback_an_outage_settlement_is_dropped_as_fail_open() {
+    if std::env::var("REDIS_URL").is_ok() {
+        return;
+    }
+    let mut s = Server::start(Flavor::Redis);
+    let l = Limiter::builder(s.url())
+        .timeout(Duration::from_millis(50))
+        .without_local_fallback()
+        .build()
+        .unwrap();
+    let p = llm();
+    assert!(l.ready(Duration::from_secs(5)).await);
+    s.kill();
+    let r = l.reserve("key-7", &[(&p, 10)]).await.unwrap();
+    assert!(r.is_allowed());
+    assert_eq!(r.decision().source, Source::FailOpen);
+    let after = r.settle(300).await.unwrap();
+    assert_eq!(after.source, Source::FailOpen);
+    assert!(after.is_allowed());
+}

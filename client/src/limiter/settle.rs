@@ -28,13 +28,16 @@ enum Settled {
 type ByNode = Vec<(Arc<Node>, Vec<usize>)>;
 
 impl Limiter {
-    /// Settles `deltas` (one per held policy) against the store, each node's buckets on
-    /// it, or on the local buckets for the nodes that cannot be asked. A refusal is
-    /// returned once every node has answered or timed out; the rest stays settled.
+    /// Settles `deltas` (one per held policy) where the estimates were taken: with
+    /// `at_store`, against the store, each node's buckets on it, or on the local buckets for
+    /// the nodes that cannot be asked; otherwise (the local fallback admitted them) on the
+    /// local buckets alone, even if the store is back, since it never took the estimates. A
+    /// refusal is returned once every node has answered or timed out; the rest stays settled.
     pub(crate) async fn settle_held(
         &self,
         held: &[Held],
         deltas: &[i64],
+        at_store: bool,
     ) -> Result<Decision, Error> {
         let store = &self.inner.store;
         let items: Vec<SettleItem<'_>> = held
@@ -52,7 +55,11 @@ impl Limiter {
             .iter()
             .map(|at| at.iter().filter_map(|&i| items.get(i).copied()).collect())
             .collect();
-        let settled = self.settle_groups(&groups).await;
+        let settled = if at_store {
+            self.settle_groups(&groups).await
+        } else {
+            groups.iter().map(|_| Settled::Local).collect()
+        };
 
         // Back from groups to items, in the order of `items` (groups keep it within).
         let mut per_item: Vec<Option<Reply>> = vec![None; held.len()];
@@ -107,11 +114,15 @@ impl Limiter {
                 }
             })
             .collect();
-        // Partly from the store, partly local: the weaker source is reported.
-        let source = match (local.is_empty(), any_open) {
-            (true, _) => Source::Store,
-            (false, true) => Source::LocalFallback,
-            (false, false) => Source::FailClosed,
+        // Partly from the store, partly local: the weaker source is reported. Items off the
+        // store that no local bucket took were dropped: fail-closed policies, or fail-open
+        // ones with the local fallback off (which keeps no buckets).
+        let open = held.iter().any(|h| h.policy.fail_mode() == FailMode::Open);
+        let source = match (local.is_empty(), any_open, open) {
+            (true, _, _) => Source::Store,
+            (false, true, _) => Source::LocalFallback,
+            (false, false, true) => Source::FailOpen,
+            (false, false, false) => Source::FailClosed,
         };
         Decision::from_outcomes(outcomes, source)
             .ok_or_else(|| Error::Config("a settlement needs at least one policy".into()))
