@@ -5,9 +5,10 @@
 //! (the same key checked by a policy listed twice, or a limit raised by a deploy), so a
 //! raised daily limit is not refused for the old limit's hours.
 //!
-//! Bounded: 16 shards of at most `capacity / 16` entries each. A full shard first drops its
-//! expired entries, then an arbitrary one; memory stays flat under millions of distinct keys,
-//! and forgetting an entry only costs a round trip.
+//! Bounded: 16 shards of at most `capacity / 16` entries each. A full shard drops an arbitrary
+//! entry, and its expired ones with it when that is cheap (below 64 entries, or on about one
+//! insert in 64); memory stays flat under millions of distinct keys, and forgetting an entry
+//! only costs a round trip. A refund forgets the bucket's entry (tokens are back).
 
 use redis_ratelimit_core::Limit;
 use std::collections::HashMap;
@@ -107,6 +108,13 @@ impl DenyCache {
         shard.insert(key.into(), entry);
     }
 
+    /// Forgets `key`'s refusal: tokens went back into its bucket (a refund).
+    pub(crate) fn forget(&self, key: &str) {
+        if self.per_shard > 0 {
+            self.shard(key).remove(key);
+        }
+    }
+
     /// Entries held (expired ones included until they are next touched).
     pub(crate) fn len(&self) -> usize {
         self.shards
@@ -144,6 +152,20 @@ mod tests {
         assert_eq!(c.get("other", l, 2, t0), None);
         assert_eq!(c.get("k", l, 2, t0 + S), None, "expired at retry-after");
         assert_eq!(c.len(), 0, "expired entry dropped");
+    }
+
+    #[test]
+    fn a_forgotten_refusal_asks_the_store_again() {
+        let c = DenyCache::new(100);
+        let t0 = Instant::now();
+        c.insert("k", limit(), 1, t0, S, S);
+        c.insert("j", limit(), 1, t0, S, S);
+        c.forget("k");
+        assert_eq!(c.get("k", limit(), 1, t0), None);
+        assert!(
+            c.get("j", limit(), 1, t0).is_some(),
+            "only that key forgotten"
+        );
     }
 
     #[test]

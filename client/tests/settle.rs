@@ -294,3 +294,32 @@ async fn without_a_local_fallback_an_outage_settlement_is_dropped_as_fail_open()
     assert_eq!(after.source, Source::FailOpen);
     assert!(after.is_allowed());
 }
+
+/// A refund puts the tokens back at once: the deny cache forgets the bucket's refusal
+/// instead of refusing until the refusal's retry-after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_clears_the_buckets_cached_refusal() {
+    for t in backends("llmdeny") {
+        let l = limiter(&t);
+        let p = llm();
+        let r = l.reserve("key-8", &[(&p, 10_000)]).await.unwrap();
+        assert!(r.is_allowed(), "{}", t.name);
+        let d = l.check_one(&p, "key-8", 1_000).await.unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.source),
+            (false, Source::Store),
+            "{}",
+            t.name
+        );
+        let d = l.check_one(&p, "key-8", 1_000).await.unwrap();
+        assert_eq!(d.source, Source::DenyCache, "{}: refusal cached", t.name);
+        r.settle(0).await.unwrap();
+        let d = l.check_one(&p, "key-8", 1_000).await.unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.source),
+            (true, Source::Store),
+            "{}",
+            t.name
+        );
+    }
+}

@@ -80,6 +80,10 @@ impl Limiter {
         }
         local.sort_unstable();
         let locally = self.settle_locally(held, deltas, &local);
+        // A refund puts tokens back wherever it went: a cached refusal no longer holds.
+        for (h, _) in held.iter().zip(deltas).filter(|(_, &d)| d < 0) {
+            self.inner.deny.forget(&h.key);
+        }
         if let Some(e) = refused {
             return Err(e);
         }
