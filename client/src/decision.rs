@@ -54,7 +54,8 @@ pub enum Verdict {
         /// How long to wait.
         retry_after: Duration,
     },
-    /// The cost is larger than the burst: this request can never pass.
+    /// The cost is larger than the burst (one sub-bucket's, for a sharded policy): this
+    /// request can never pass.
     ExceedsBurst,
 }
 

@@ -197,7 +197,9 @@ impl PolicyBuilder {
     /// `burst / n`, on different cluster slots; each request takes from one chosen at random.
     /// Each sub-bucket needs at least 10 tokens of burst: a request meeting an empty one is
     /// refused while the others still hold tokens, and with 10 that stays under 1% of
-    /// requests at 80% of the rate (under 2% at 90%; 45% with 1-token shards).
+    /// requests at 80% of the rate (under 2% at 90%; 45% with 1-token shards). One request
+    /// then costs at most `burst / n` tokens (one sub-bucket's): more is
+    /// [`Verdict::ExceedsBurst`](crate::Verdict::ExceedsBurst).
     /// For hot keys that would otherwise load one node. Not atomic with the request's other
     /// policies (see [`Limiter::check`](crate::Limiter::check)).
     pub fn shards(mut self, n: u32) -> Self {

@@ -28,6 +28,23 @@ pub(crate) fn too_many_requests(d: &Decision, style: HeaderStyle) -> Response<Fu
         .filter(|o| !o.verdict.is_allowed())
         .map(|o| o.policy.name())
         .collect();
+    let (detail, retry) = detail(d);
+    let list = violated
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let body = format!(
+        "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Too Many Requests\",\"status\":429,\
+         \"detail\":\"{detail}\",\"retry_after\":{retry},\"violated-policies\":[{list}]}}"
+    );
+    let mut r = response(StatusCode::TOO_MANY_REQUESTS, body);
+    headers::write(r.headers_mut(), d, style);
+    r
+}
+
+/// The 429's `detail` and `retry_after` (JSON: seconds, or `null` for never).
+fn detail(d: &Decision) -> (String, String) {
     let p = &d.policy;
     let mut detail = format!(
         "Rate limit '{}' exceeded: {} per {} s, burst {}.",
@@ -43,23 +60,17 @@ pub(crate) fn too_many_requests(d: &Decision, style: HeaderStyle) -> Response<Fu
             s.to_string()
         }
         _ => {
-            detail
-                .push_str(" This request costs more than the limit's capacity and can never pass.");
+            // One request takes from one bucket: a sub-bucket, for a sharded policy.
+            let _ = write!(
+                detail,
+                " This request costs more than the {} tokens one request can take and can \
+                 never pass.",
+                p.bucket_limit().burst()
+            );
             "null".to_string()
         }
     };
-    let list = violated
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(",");
-    let body = format!(
-        "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Too Many Requests\",\"status\":429,\
-         \"detail\":\"{detail}\",\"retry_after\":{retry},\"violated-policies\":[{list}]}}"
-    );
-    let mut r = response(StatusCode::TOO_MANY_REQUESTS, body);
-    headers::write(r.headers_mut(), d, style);
-    r
+    (detail, retry)
 }
 
 /// `401 Unauthorized` for a request without an API key.
@@ -106,4 +117,50 @@ pub(crate) fn overloaded(retry_after: std::time::Duration) -> Response<Full<Byte
         r.headers_mut().insert(http::header::RETRY_AFTER, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Policy, PolicyOutcome, Source};
+    use std::time::Duration;
+
+    fn refused(policy: Policy, verdict: Verdict) -> Decision {
+        let o = PolicyOutcome {
+            policy,
+            verdict,
+            remaining: 0,
+            reset_after: Duration::ZERO,
+        };
+        Decision::from_outcomes(vec![o], Source::Store).unwrap()
+    }
+
+    #[test]
+    fn a_cost_that_can_never_pass_is_told_the_most_one_request_can_take() {
+        let whole = Policy::builder("api").per_second(800).burst(160);
+        let d = refused(whole.clone().build().unwrap(), Verdict::ExceedsBurst);
+        let (text, retry) = detail(&d);
+        assert!(text.contains("more than the 160 tokens"), "{text}");
+        assert_eq!(retry, "null");
+        // Split in 8, one request takes from one sub-bucket of 20.
+        let d = refused(whole.shards(8).build().unwrap(), Verdict::ExceedsBurst);
+        let (text, _) = detail(&d);
+        assert!(
+            text.contains("burst 160. This request costs more than the 20 tokens"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_that_can_pass_later_says_when() {
+        let p = Policy::builder("api")
+            .per_minute(100)
+            .burst(20)
+            .build()
+            .unwrap();
+        let retry_after = Duration::from_millis(1_200);
+        let (text, retry) = detail(&refused(p, Verdict::Denied { retry_after }));
+        assert!(text.ends_with("Retry after 2 s."), "{text}");
+        assert_eq!(retry, "2");
+    }
 }
