@@ -76,6 +76,11 @@ async fn app(redis_url: String) -> SocketAddr {
                 .route("/public", get(|| async { "ok" }))
                 .layer(per_ip),
         );
+    serve(app).await
+}
+
+/// Serves `app` on a free loopback port, with the peer's address for per-IP subjects.
+async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -212,6 +217,54 @@ async fn missing_key_is_401_or_limited_per_ip() {
         seen.push(request(addr, "GET", "/public", None).await.status);
     }
     assert_eq!(seen, [200, 200, 429], "2 per hour per IP");
+}
+
+/// An anonymous request is limited by the anonymous policy alone, never the route's meter,
+/// whatever the number of the route's own policies (one here, as the meter's check once
+/// mistook for a keyed request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_request_is_not_metered() {
+    let s = Server::start(Flavor::Redis);
+    let limiter = Limiter::builder(s.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let policy = |name, per_hour| {
+        Policy::builder(name)
+            .per_hour(per_hour)
+            .burst(per_hour)
+            .build()
+            .unwrap()
+    };
+    let layer = RateLimitLayer::builder(limiter)
+        .route(Route::get("/gen").policy(policy("api", 100), 1).metered(
+            policy("tokens", 10_000),
+            |_| 100,
+            |_| None,
+        ))
+        .missing_subject(MissingSubject::Limit {
+            policy: policy("anon", 10),
+            subject: Arc::new(|_, _| Some("203.0.113.7".to_string())),
+        })
+        .build();
+    let addr = serve(
+        Router::new()
+            .route("/gen", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let names = |r: &HttpReply| -> Vec<String> {
+        items(&r.headers["ratelimit"])
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    };
+    let r = request(addr, "GET", "/gen", None).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(names(&r), ["anon"]);
+    let r = request(addr, "GET", "/gen", Some("k1")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(names(&r), ["api", "tokens"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

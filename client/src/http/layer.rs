@@ -131,8 +131,8 @@ impl Route {
 pub enum MissingSubject {
     /// Answer `401 Unauthorized` (problem+json) without calling the service.
     Unauthorized,
-    /// Limit it under `policy`, keyed by what `subject` finds (typically the client IP);
-    /// `401` if that finds nothing either.
+    /// Limit it under `policy` alone (not the route's policies, nor its meter), keyed by
+    /// what `subject` finds (typically the client IP); `401` if that finds nothing either.
     Limit {
         /// The policy for anonymous requests.
         policy: Policy,

@@ -67,6 +67,8 @@ where
             };
             let mut policies: Vec<(&Policy, u64)> =
                 route.policies.iter().map(|(p, c)| (p, *c)).collect();
+            // An anonymous request is limited by its own policy alone, without the meter.
+            let mut anonymous = false;
             let subject = match (config.subject)(req.headers(), req.extensions()) {
                 Some(s) => s,
                 None => match &config.missing {
@@ -74,6 +76,7 @@ where
                         match subject(req.headers(), req.extensions()) {
                             Some(s) => {
                                 policies = vec![(policy, 1)];
+                                anonymous = true;
                                 s
                             }
                             None => return Ok(ours(problem::unauthorized(&config.subject_header))),
@@ -85,10 +88,7 @@ where
                 },
             };
             // A metered policy reserves its estimate now and settles from the response.
-            let meter = route
-                .meter
-                .as_ref()
-                .filter(|_| policies.len() == route.policies.len());
+            let meter = route.meter.as_ref().filter(|_| !anonymous);
             if let Some(m) = meter {
                 policies.push((&m.policy, (m.estimate)(req.headers())));
             }
