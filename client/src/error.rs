@@ -34,13 +34,19 @@ pub(crate) enum StoreError {
     /// Not asked: the node's breaker is open (a cluster node other than the subject's, e.g.
     /// a sub-bucket's, or the target of a redirection).
     BreakerOpen,
+    /// Not asked: no node serves the key's slot (a cluster whose topology is not known yet,
+    /// or a slot no node serves).
+    NoNode,
 }
 
 impl StoreError {
     /// Timeouts and transport failures: the store may be fine again later; the breaker
     /// counts these and the fail mode answers them. Nothing else is.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Timeout | Self::Transport(_) | Self::BreakerOpen)
+        matches!(
+            self,
+            Self::Timeout | Self::Transport(_) | Self::BreakerOpen | Self::NoNode
+        )
     }
 
     /// Whether the node asked should count this against its breaker: not when it was not
@@ -49,7 +55,7 @@ impl StoreError {
     /// thousand and which must not cut off the node's other slots.
     pub(crate) fn counts_against_breaker(&self) -> bool {
         match self {
-            Self::BreakerOpen => false,
+            Self::BreakerOpen | Self::NoNode => false,
             Self::Transport(e) => !matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN")),
             _ => true,
         }
@@ -62,14 +68,15 @@ impl StoreError {
         match self {
             Self::Timeout => true,
             Self::Transport(e) => e.code() == Some("READONLY"),
-            Self::Server(_) | Self::Protocol(_) | Self::BreakerOpen => false,
+            Self::Server(_) | Self::Protocol(_) | Self::BreakerOpen | Self::NoNode => false,
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Timeout => "timeout",
-            Self::Transport(_) => "transport",
+            // Counted as before it had a variant of its own.
+            Self::Transport(_) | Self::NoNode => "transport",
             Self::Server(_) => "server",
             Self::Protocol(_) => "protocol",
             Self::BreakerOpen => "breaker_open",
@@ -122,6 +129,23 @@ impl std::fmt::Display for StoreError {
             Self::Transport(e) | Self::Server(e) => e.fmt(f),
             Self::Protocol(s) => f.write_str(s),
             Self::BreakerOpen => f.write_str("the node's breaker is open"),
+            Self::NoNode => f.write_str("no node serves this key yet"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sub-bucket whose slot no node serves: the fail mode answers, and neither the
+    /// subject's node (asked just before, and fine) nor its connection is blamed.
+    #[test]
+    fn a_slot_without_a_node_blames_no_node() {
+        let e = StoreError::NoNode;
+        assert!(e.is_transient());
+        assert!(!e.counts_against_breaker());
+        assert!(!e.suspects_connection());
+        assert_eq!(e.kind(), "transport");
     }
 }

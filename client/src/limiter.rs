@@ -453,9 +453,9 @@ impl Limiter {
         metrics::counter!("ratelimit_store_errors_total", "kind" => e.kind()).increment(1);
         if !e.counts_against_breaker() {
             // A redirection or a slot in migration is the node's answer: it is up, and a
-            // probe it was given is reported (not left to be given up on). `BreakerOpen`:
-            // the node was not asked.
-            if !matches!(e, StoreError::BreakerOpen) {
+            // probe it was given is reported (not left to be given up on). `BreakerOpen`,
+            // `NoNode`: the node was not asked (a sub-bucket's slot may have no node).
+            if !matches!(e, StoreError::BreakerOpen | StoreError::NoNode) {
                 self.store_answered(node, Instant::now());
             }
             return;

@@ -359,10 +359,7 @@ fn is_unknown_command(e: &redis::RedisError) -> bool {
 
 /// No node to ask: a cluster whose topology is not known yet, or a slot no node serves.
 pub(crate) fn not_connected() -> StoreError {
-    StoreError::Transport(redis::RedisError::from((
-        redis::ErrorKind::ClusterConnectionNotFound,
-        "no node serves this key yet",
-    )))
+    StoreError::NoNode
 }
 
 #[cfg(test)]
