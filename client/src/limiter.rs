@@ -227,7 +227,8 @@ impl Limiter {
     /// is being made (making it can take longer than a check's timeout). Returns whether the
     /// store answered; a limiter whose store is down still works, through its fail modes.
     pub async fn ready(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
+        // `Duration::MAX` (wait for good) would overflow an `Instant`: a year is as long.
+        let deadline = Instant::now() + within.min(Duration::from_secs(365 * 86_400));
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Ok(Ok(())) = tokio::time::timeout(left, self.inner.store.ping()).await {

@@ -473,3 +473,24 @@ async fn a_region_that_cannot_read_a_peer_does_not_grow() {
     );
     assert_eq!(cut_off.errors + after.errors, 0);
 }
+
+/// A floor of 0 (or one too large for the regions) is refused when the limiter is built:
+/// a region at a share of 0 would have a policy with no rate at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_outside_its_range_is_refused_at_build() {
+    let p = policy();
+    let urls = ["redis://127.0.0.1:1/", "redis://127.0.0.1:2/"];
+    let build = |floor: f64| {
+        RegionalLimiter::builder(0, urls)
+            .policy(&p)
+            .floor(floor)
+            .build()
+            .map(|_| ())
+    };
+    for bad in [0.0, -0.1, 0.6, f64::NAN] {
+        let e = build(bad).expect_err("refused");
+        assert!(e.to_string().contains("floor"), "{bad}: {e}");
+    }
+    assert!(build(0.5).is_ok());
+    assert!(build(1e-9).is_ok(), "a tiny floor is one part per million");
+}

@@ -23,7 +23,7 @@ pub struct GradientConfig {
     /// The highest limit (default 1000).
     pub max_limit: usize,
     /// How often the limit is recomputed from the latencies of that interval (default
-    /// 100 ms). Each recomputation needs at least one finished call.
+    /// 100 ms, at most a day). Each recomputation needs at least one finished call.
     pub sample_interval: Duration,
     /// Which latency percentile of a sample stands for it (default 0.9). Envoy's default is
     /// the median; the 90th percentile steers by the tail, which is what callers feel: against
@@ -37,7 +37,7 @@ pub struct GradientConfig {
     pub probe_limit: usize,
     /// Calls a probe measures (default 50).
     pub probe_samples: usize,
-    /// Time from the end of one probe to the start of the next (default 60 s).
+    /// Time from the end of one probe to the start of the next (default 60 s, at most a day).
     pub probe_interval: Duration,
 }
 
@@ -80,6 +80,10 @@ impl GradientConfig {
         if self.sample_interval.is_zero() {
             return fail("sample_interval must be positive");
         }
+        // Bounded so that `now + interval` cannot overflow an `Instant`.
+        if self.sample_interval > MAX_INTERVAL || self.probe_interval > MAX_INTERVAL {
+            return fail("sample_interval and probe_interval must be at most a day");
+        }
         if !(self.percentile > 0.0 && self.percentile <= 1.0) {
             return fail("percentile must be in (0, 1]");
         }
@@ -92,6 +96,9 @@ impl GradientConfig {
         Ok(())
     }
 }
+
+/// The longest sample or probe interval accepted.
+const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
 
 /// Samples kept per interval: enough for any percentile worth having, and a bound on memory
 /// however many calls finish in one interval. Later ones in the same interval are dropped.
@@ -458,6 +465,14 @@ mod tests {
             },
             GradientConfig {
                 probe_samples: 0,
+                ..d()
+            },
+            GradientConfig {
+                probe_interval: Duration::MAX,
+                ..d()
+            },
+            GradientConfig {
+                sample_interval: Duration::MAX,
                 ..d()
             },
         ] {

@@ -217,15 +217,16 @@ impl std::fmt::Debug for RegionalBuilder {
 }
 
 impl RegionalBuilder {
-    /// How often shares are recomputed from demand (default 2 s). Figures are exchanged
-    /// four times per period, so a shrink elsewhere is used within about a period.
+    /// How often shares are recomputed from demand (default 2 s; from 40 ms to 1 h).
+    /// Figures are exchanged four times per period, so a shrink elsewhere is used within
+    /// about a period.
     pub fn rebalance_period(mut self, period: Duration) -> Self {
-        self.settings.period = period.max(Duration::from_millis(40));
+        self.settings.period = period.clamp(Duration::from_millis(40), Duration::from_secs(3_600));
         self
     }
 
-    /// Least share of every policy per region (default 0.05, at most 1 ÷ regions): what
-    /// an idle region can still serve in a sudden burst, and where every region starts.
+    /// Least share of every policy per region (default 0.05; above 0, at most 1 ÷ regions):
+    /// what an idle region can still serve in a sudden burst, and where every region starts.
     pub fn floor(mut self, fraction: f64) -> Self {
         self.settings.floor_fraction = fraction;
         self
@@ -296,12 +297,13 @@ impl RegionalBuilder {
         }
         let mut settings = self.settings;
         let floor = settings.floor_fraction;
-        if !(0.0..=1.0).contains(&floor) || floor * regions as f64 > 1.0 + 1e-9 {
+        // Above 0: a policy at a share of 0 would have no rate at all (no valid limit).
+        if !(floor > 0.0 && floor * regions as f64 <= 1.0 + 1e-9) {
             return Err(Error::Config(format!(
-                "floor {floor} × {regions} regions must be within 0..=1"
+                "floor {floor} × {regions} regions must be above 0 and at most 1"
             )));
         }
-        settings.floor = ((floor * f64::from(WHOLE)) as u32).min(WHOLE / regions as u32);
+        settings.floor = ((floor * f64::from(WHOLE)) as u32).clamp(1, WHOLE / regions as u32);
         let own = match &self.urls[self.region] {
             RegionTarget::Server(url) => Limiter::builder(url.clone()),
             RegionTarget::Cluster(urls) => Limiter::cluster_builder(urls.clone()),
