@@ -46,16 +46,16 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
                 policy,
                 "{sep}\"{}\";q={};w={};burst={}",
                 p.name(),
-                p.count(),
-                ceil_secs(p.period()).max(1),
-                p.burst()
+                sf_int(p.count()),
+                sf_int(ceil_secs(p.period()).max(1)),
+                sf_int(p.burst())
             );
             let _ = write!(
                 state,
                 "{sep}\"{}\";r={};t={}",
                 p.name(),
-                o.remaining,
-                ceil_secs(o.reset_after)
+                sf_int(o.remaining),
+                sf_int(ceil_secs(o.reset_after))
             );
         }
         insert(headers, &RATELIMIT_POLICY, policy);
@@ -81,6 +81,12 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
             ceil_secs(retry_after).max(1).to_string(),
         );
     }
+}
+
+/// A structured-field integer has at most 15 digits (RFC 9651): a larger value (only a
+/// policy of absurd size has one) is written as the largest, so the header still parses.
+fn sf_int(n: u64) -> u64 {
+    n.min(999_999_999_999_999)
 }
 
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
@@ -118,6 +124,27 @@ mod tests {
 
     fn get<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
         h.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn integers_past_fifteen_digits_are_capped_so_the_headers_still_parse() {
+        // Valid, if absurd: 10^7 per second, a burst of 10^15 (16 digits).
+        let p = Policy::builder("huge")
+            .per_second(10_000_000)
+            .burst(1_000_000_000_000_000)
+            .build()
+            .unwrap();
+        let mut d = decision(Verdict::Allowed, 0);
+        d.outcomes[0].policy = p;
+        d.outcomes[0].remaining = 1_000_000_000_000_000;
+        let mut h = HeaderMap::new();
+        write(&mut h, &d, HeaderStyle::Draft11);
+        for name in ["ratelimit-policy", "ratelimit"] {
+            let v = get(&h, name).unwrap();
+            let parsed = sfv::Parser::new(v).parse::<sfv::List>();
+            assert!(parsed.is_ok(), "{name}: {v}");
+            assert!(v.contains("=999999999999999"), "{name}: {v}");
+        }
     }
 
     #[test]
