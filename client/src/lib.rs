@@ -45,10 +45,14 @@
 //! # Metrics (through the `metrics` facade; install any recorder)
 //! - `ratelimit_decisions_total{source, allowed, policy}`
 //! - `ratelimit_check_duration_seconds{source}` (histogram)
-//! - `ratelimit_store_errors_total{kind}`: `timeout`, `transport`, `server`, `protocol`
+//! - `ratelimit_store_errors_total{kind}`: `timeout`, `transport`, `server`, `protocol`,
+//!   `breaker_open` (a cluster node other than the subject's not asked: its breaker is open)
 //! - `ratelimit_breaker_open` (gauge, 0 or 1)
 //! - `ratelimit_script_fallback_total`, `ratelimit_local_overflow_total`
-//! - `ratelimit_settle_dropped_total`: settlements of fail-closed policies during an outage
+//! - `ratelimit_settle_dropped_total`: settlements no bucket took during an outage (of
+//!   fail-closed policies, or of any with the local fallback off)
+//! - `ratelimit_connections_retired_total`: connections replaced after they went silent (or
+//!   answered `READONLY`)
 //! - In-service limits (module `guard`, feature `guard`): `guard_*`, listed there.
 //! - Regions ([`region`]): `ratelimit_region_share{region, policy}`,
 //!   `ratelimit_region_rebalance_duration_seconds` (histogram),
