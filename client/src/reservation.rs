@@ -76,6 +76,12 @@ impl Reservation {
         self.decision.is_allowed()
     }
 
+    /// Whether the store took the estimates; otherwise the local fallback did (or, with it
+    /// off, nothing did).
+    fn taken_at_store(&self) -> bool {
+        self.decision.source == Source::Store
+    }
+
     /// Settles every policy of the reservation at `actual` tokens. Returns the buckets'
     /// state after it (`remaining` is 0 while in debt); a refused reservation returns its
     /// decision unchanged.
@@ -109,14 +115,6 @@ impl Reservation {
         }
         let at_store = self.taken_at_store();
         self.limiter.settle_held(&held, &deltas, at_store).await
-    }
-}
-
-impl Reservation {
-    /// Whether the store took the estimates; otherwise the local fallback did (or, with it
-    /// off, nothing did).
-    fn taken_at_store(&self) -> bool {
-        self.decision.source == Source::Store
     }
 }
 
