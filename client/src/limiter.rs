@@ -7,7 +7,7 @@ use crate::error::StoreError;
 use crate::local::LocalBuckets;
 use crate::node::{Node, NodeSettings};
 use crate::observe::observe;
-use crate::reservation::{Held, Reservation};
+use crate::reservation::{Demand, Held, Reservation};
 use crate::store::{not_connected, Item, Replies, Reply, Store};
 use crate::{Decision, Error, FailMode, KeyLayout, Policy, PolicyOutcome, Source, Verdict};
 use redis_ratelimit_core::{ticks_since_epoch, Share};
@@ -312,7 +312,7 @@ impl Limiter {
         &self,
         subject: &str,
         policies: &[(&Policy, u64)],
-        demand: &[Arc<AtomicU64>],
+        demand: &[Demand],
     ) -> Result<Reservation, Error> {
         let started = Instant::now();
         let planned = self.plan(subject, policies)?;

@@ -14,21 +14,44 @@ pub(crate) struct Held {
     pub(crate) estimate: u64,
     /// Where the policy's offered cost is counted (a region's demand, see
     /// [`crate::region`]): a settlement corrects it by the difference to the estimate.
-    pub(crate) demand: Option<Arc<AtomicU64>>,
+    pub(crate) demand: Option<Demand>,
 }
 
 impl Held {
-    /// Corrects the counted demand by `delta` (the actual cost minus the estimate).
-    fn count(&self, delta: i64) {
+    /// Corrects the counted demand to the `actual` cost from the estimate.
+    fn count(&self, actual: u64) {
         let Some(demand) = &self.demand else { return };
-        if delta >= 0 {
-            demand.fetch_add(delta.unsigned_abs(), Relaxed);
+        let (actual, estimate) = (demand.counted(actual), demand.counted(self.estimate));
+        if actual >= estimate {
+            demand.counter.fetch_add(actual - estimate, Relaxed);
         } else {
             // What was counted may have been taken by a sync round already: never below 0.
-            let _ = demand.fetch_update(Relaxed, Relaxed, |n| {
-                Some(n.saturating_sub(delta.unsigned_abs()))
+            let _ = demand.counter.fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_sub(estimate - actual))
             });
         }
+    }
+}
+
+/// A policy's offered-cost counter (a region's demand), and the most one request counts
+/// in it: the policy's whole burst. A larger cost can never pass, and the cap keeps the
+/// counters (summed on the store with `HINCRBY`, a signed 64-bit integer) far from
+/// overflow whatever costs callers pass.
+#[derive(Debug, Clone)]
+pub(crate) struct Demand {
+    pub(crate) counter: Arc<AtomicU64>,
+    pub(crate) cap: u64,
+}
+
+impl Demand {
+    /// What a request of `cost` counts.
+    pub(crate) fn counted(&self, cost: u64) -> u64 {
+        cost.min(self.cap)
+    }
+
+    /// Counts a request of `cost`.
+    pub(crate) fn add(&self, cost: u64) {
+        self.counter.fetch_add(self.counted(cost), Relaxed);
     }
 }
 
@@ -110,8 +133,8 @@ impl Reservation {
             .zip(actual)
             .map(|(h, &a)| signed(a).saturating_sub(signed(h.estimate)))
             .collect();
-        for (h, &delta) in held.iter().zip(&deltas) {
-            h.count(delta);
+        for (h, &a) in held.iter().zip(actual) {
+            h.count(a);
         }
         let at_store = self.taken_at_store();
         self.limiter.settle_held(&held, &deltas, at_store).await
@@ -133,8 +156,8 @@ impl Drop for Reservation {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
-                for (h, &delta) in held.iter().zip(&deltas) {
-                    h.count(delta);
+                for h in &held {
+                    h.count(0);
                 }
                 if let Err(e) = limiter.settle_held(&held, &deltas, at_store).await {
                     tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");

@@ -492,5 +492,52 @@ async fn a_floor_outside_its_range_is_refused_at_build() {
         assert!(e.to_string().contains("floor"), "{bad}: {e}");
     }
     assert!(build(0.5).is_ok());
+    // More regions than parts of the whole: refused, not a panic.
+    let many: Vec<String> = (0..1_000_001)
+        .map(|_| "redis://127.0.0.1:1/".into())
+        .collect();
+    let e = RegionalLimiter::builder(0, many)
+        .policy(&p)
+        .floor(1e-9)
+        .build()
+        .map(|_| ())
+        .expect_err("refused");
+    assert!(e.to_string().contains("at most 1000000"), "{e}");
     assert!(build(1e-9).is_ok(), "a tiny floor is one part per million");
+}
+
+/// A cost no request could pass counts in the region's demand as the policy's burst. The
+/// pods sum their demand on the store with `HINCRBY`, a signed 64-bit integer: uncapped, two
+/// requests costing `i64::MAX` failed every sync round from then on (out of range), and the
+/// region's pods lost their leases to the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impossible_cost_counts_as_the_burst_in_the_demand() {
+    let _serial = SERIAL.lock().await;
+    let s = Server::start(Flavor::Redis);
+    let p = policy();
+    let l = RegionalLimiter::builder(0, [s.url()])
+        .policy(&p)
+        .rebalance_period(Duration::from_millis(400))
+        .limiter(|b| b.timeout(Duration::from_millis(500)))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let d = l.check("k", &[(&p, i64::MAX as u64)]).await.unwrap();
+        assert!(!d.is_allowed());
+    }
+    let mut c = s.conn();
+    let want = Some(2 * BURST as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let counted = loop {
+        let n: Option<u64> = redis::cmd("HGET")
+            .arg("rl:{region.0}:demand")
+            .arg("api")
+            .query(&mut c)
+            .unwrap();
+        if n == want || Instant::now() >= deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(counted, want);
 }

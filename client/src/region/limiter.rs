@@ -8,6 +8,7 @@ use super::split::Subject;
 use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
+use crate::reservation::Demand;
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy, Reservation};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -177,7 +178,7 @@ fn scale(base: &Policy, ppm: u32, floor: u32) -> Result<(Policy, Policy), Error>
 /// A request's policies at the region's share, and where each one's demand is counted.
 struct Scaled {
     policies: Vec<(Policy, u64)>,
-    demand: Vec<Arc<AtomicU64>>,
+    demand: Vec<Demand>,
 }
 
 impl Scaled {
@@ -297,6 +298,10 @@ impl RegionalBuilder {
         }
         let mut settings = self.settings;
         let floor = settings.floor_fraction;
+        // Every region's floor is at least one part of `WHOLE`.
+        if regions > WHOLE as usize {
+            return Err(Error::Config(format!("{regions} regions: at most {WHOLE}")));
+        }
         // Above 0: a policy at a share of 0 would have no rate at all (no valid limit).
         if !(floor > 0.0 && floor * regions as f64 <= 1.0 + 1e-9) {
             return Err(Error::Config(format!(
@@ -417,11 +422,15 @@ impl RegionalLimiter {
         let mut demand = Vec::with_capacity(policies.len());
         for &(policy, cost) in policies {
             let slot = self.slot(policy)?;
-            slot.offered.fetch_add(cost, Relaxed);
-            slot.hot().add(x, cost);
+            let counter = Demand {
+                counter: Arc::clone(&slot.offered),
+                cap: slot.base.burst(),
+            };
+            counter.add(cost);
+            slot.hot().add(x, counter.counted(cost));
             let p = slot.applied().for_subject(x, now).clone();
             scaled.push((p, cost));
-            demand.push(Arc::clone(&slot.offered));
+            demand.push(counter);
         }
         Ok(Scaled {
             policies: scaled,

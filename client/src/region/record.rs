@@ -30,7 +30,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub(crate) struct RegionStore {
     conn: BackgroundConn,
-    /// `<prefix>:region:<r>`.
+    /// `<prefix>:{region.<r>}` (the other keys add a suffix, on the same slot).
     record_key: String,
     demand_key: String,
     hot_key: String,
@@ -205,7 +205,7 @@ impl RegionStore {
             pipe.cmd("HINCRBY")
                 .arg(&self.demand_key)
                 .arg(*policy)
-                .arg(*n)
+                .arg((*n).min(i64::MAX as u64))
                 .ignore();
         }
         for (policy, subject, n) in hot {
