@@ -87,7 +87,8 @@ impl LivePodsBuilder {
         self
     }
 
-    /// How often to beat and count (default a third of the TTL).
+    /// How often to beat and count (default a third of the TTL; with the timeout, below
+    /// the TTL, or [`start`](Self::start) refuses).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = Some(interval);
         self
@@ -116,6 +117,18 @@ impl LivePodsBuilder {
             .interval
             .unwrap_or(self.ttl / 3)
             .max(Duration::from_millis(5));
+        // A live pod must beat again before its TTL runs out, even if a beat takes its
+        // whole timeout: counted out between beats, it would raise every other pod's
+        // fallback share (limit ÷ a count too low).
+        if interval
+            .checked_add(self.timeout)
+            .is_none_or(|t| t >= self.ttl)
+        {
+            return Err(Error::Config(format!(
+                "live pods: interval {interval:?} + timeout {:?} must be below the TTL {:?}",
+                self.timeout, self.ttl
+            )));
+        }
         let task = tokio::spawn(beat(
             shared.clone(),
             limiter.clone(),

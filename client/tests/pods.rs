@@ -111,3 +111,28 @@ async fn count_on_a_cluster() {
         .collect();
     follows_three_pods(pods, "cluster").await;
 }
+
+/// A beat interval that, with a beat's timeout, reaches the TTL would count live pods out
+/// between beats (a count too low raises every pod's fallback share): refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_that_reaches_the_ttl_is_refused() {
+    let l = Limiter::builder("redis://127.0.0.1:1/").build().unwrap();
+    let start = |interval: Duration, timeout: Duration| {
+        LivePods::builder("redis://127.0.0.1:1/")
+            .ttl(Duration::from_secs(10))
+            .interval(interval)
+            .timeout(timeout)
+            .start(&l)
+            .map(drop)
+    };
+    let ms = Duration::from_millis;
+    for (interval, timeout) in [
+        (ms(15_000), ms(500)),
+        (ms(9_600), ms(500)),
+        (ms(100), Duration::MAX),
+    ] {
+        let e = start(interval, timeout).expect_err("refused");
+        assert!(e.to_string().contains("below the TTL"), "{e}");
+    }
+    assert!(start(ms(3_000), ms(500)).is_ok());
+}
