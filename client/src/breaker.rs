@@ -1,6 +1,7 @@
 //! Circuit breaker: after repeated transport failures, stop calling a sick store and answer
 //! locally at once; let one probe through, first after [`FIRST_PROBE`], then at twice the
-//! wait after each failed probe, up to every `probe_interval`; close on a probe's success.
+//! wait after each failed probe, up to every `probe_interval`; close on a success (a probe's,
+//! or a late answer to a call let through before it opened: either shows the store answers).
 //! A breaker that opens again within `probe_interval` of closing starts from twice its last
 //! wait, not from the first: a store that answers a lone probe but fails under the full load
 //! is not given the full load again every 50 ms.

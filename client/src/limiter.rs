@@ -125,7 +125,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// Most local fallback buckets (default 100 000).
+    /// Most local fallback buckets (default 100 000). A subject past it, while every bucket
+    /// is active, meets a fresh bucket that is not kept: 0 keeps none, so the fallback then
+    /// limits nothing (counted in `ratelimit_local_overflow_total`).
     pub fn local_capacity(mut self, entries: usize) -> Self {
         self.local_capacity = entries;
         self
