@@ -788,11 +788,14 @@ struct Asking {
 
 /// The store call's item of one planned bucket, at `cost`.
 fn item<'p>(p: &'p Planned<'_>, cost: u64) -> Item<'p> {
+    let burst = p.policy.bucket_limit().burst();
     Item {
         key: &p.key,
         rate: p.policy.bucket_rate_arg(),
-        burst: p.policy.bucket_limit().burst(),
-        cost,
+        burst,
+        // Any cost above the burst is refused alike (it can never pass); sent as burst + 1,
+        // it stays within the module's 64-bit integers and the script's exact doubles.
+        cost: cost.min(burst.saturating_add(1)),
     }
 }
 

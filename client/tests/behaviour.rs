@@ -115,6 +115,12 @@ async fn weighted_cost_and_cost_above_burst() {
         assert_eq!((d.is_allowed(), d.remaining), (true, 2), "{}", t.name);
         let d = l.check_one(&p, "w", 6).await.unwrap();
         assert_eq!(d.verdict, Verdict::ExceedsBurst, "{}", t.name);
+        // Past what the module's integers and the script's doubles hold: refused the same.
+        for huge in [1 << 53, i64::MAX as u64 + 1, u64::MAX] {
+            let d = l.check_one(&p, "w", huge).await.unwrap();
+            assert_eq!(d.verdict, Verdict::ExceedsBurst, "{}: {huge}", t.name);
+            assert_eq!(d.source, Source::Store, "{}: {huge}", t.name);
+        }
         let d = l.check_one(&p, "w", 3).await.unwrap();
         assert!(d.retry_after().is_some(), "{}", t.name);
         let d = l.check_one(&p, "w", 2).await.unwrap();
