@@ -12,6 +12,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+use std::sync::atomic::{AtomicBool, Ordering::AcqRel, Ordering::Release};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +20,14 @@ use std::time::Duration;
 #[derive(Clone)]
 pub(crate) enum BackgroundConn {
     Single(ConnectionManager),
-    Cluster(
-        Arc<ClusterClient>,
-        Arc<tokio::sync::OnceCell<ClusterConnection>>,
-    ),
+    Cluster(Arc<ClusterClient>, Arc<ClusterCell>),
+}
+
+/// A cluster's connection once made, and whether a task is making it.
+#[derive(Default)]
+pub(crate) struct ClusterCell {
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+    connecting: AtomicBool,
 }
 
 impl std::fmt::Debug for BackgroundConn {
@@ -100,17 +105,27 @@ impl BackgroundConn {
         match self {
             BackgroundConn::Single(c) => Ok(Live::Single(c.clone())),
             BackgroundConn::Cluster(client, cell) => {
-                if let Some(c) = cell.get() {
+                if let Some(c) = cell.conn.get() {
                     return Ok(Live::Cluster(c.clone()));
                 }
                 // Made in a task of its own: a caller's timeout (a beat's, a round's) must
                 // not throw away a connect half done, or a slow cluster (several round
-                // trips to connect) would never get connected.
+                // trips to connect) would never get connected. One such task at a time:
+                // calls while it runs fail at once, where a task each would pile up behind
+                // it for as long as the cluster stays silent (a round every 500 ms, a
+                // connect given up after 1 s).
+                if cell.connecting.swap(true, AcqRel) {
+                    return Err(std::io::Error::other("cluster connection under way").into());
+                }
                 let (client, cell) = (Arc::clone(client), Arc::clone(cell));
                 let made = tokio::spawn(async move {
-                    cell.get_or_try_init(|| client.get_async_connection())
+                    let made = cell
+                        .conn
+                        .get_or_try_init(|| client.get_async_connection())
                         .await
-                        .cloned()
+                        .cloned();
+                    cell.connecting.store(false, Release);
+                    made
                 });
                 let c = made.await.map_err(std::io::Error::other)??;
                 Ok(Live::Cluster(c))

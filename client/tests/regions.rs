@@ -541,3 +541,41 @@ async fn an_impossible_cost_counts_as_the_burst_in_the_demand() {
     };
     assert_eq!(counted, want);
 }
+
+/// A peer region's cluster gone silent (packets dropped: every connect waits out its 1 s)
+/// is connected by one task at a time: a task per sync round, each queued behind the last,
+/// piled up for as long as the silence lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
+    if !Blackhole::usable() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let own = Server::start(Flavor::Redis);
+    let silent = Server::start(Flavor::Redis);
+    let _hole = Blackhole::ports(&[silent.port]);
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let l = RegionalLimiter::builder(
+        0,
+        [
+            RegionTarget::Server(own.url()),
+            RegionTarget::Cluster(vec![silent.url()]),
+        ],
+    )
+    .policy(&policy())
+    .rebalance_period(Duration::from_millis(200)) // a round every 50 ms
+    .limiter(|b| b.timeout(Duration::from_millis(500)))
+    .build()
+    .unwrap();
+    let d = l.check_one(&policy(), "k", 1).await.unwrap();
+    assert!(d.is_allowed());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let added = tasks().saturating_sub(before);
+    // The sync task, the limiter's own, and at most one connect.
+    assert!(added <= 6, "{added} tasks alive after 3 s of silence");
+}
