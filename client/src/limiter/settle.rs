@@ -121,7 +121,10 @@ impl Limiter {
         // Partly from the store, partly local: the weaker source is reported. Items off the
         // store that no local bucket took were dropped: fail-closed policies, or fail-open
         // ones with the local fallback off (which keeps no buckets).
-        let open = held.iter().any(|h| h.policy.fail_mode() == FailMode::Open);
+        let open = local
+            .iter()
+            .filter_map(|&i| held.get(i))
+            .any(|h| h.policy.fail_mode() == FailMode::Open);
         let source = match (local.is_empty(), any_open, open) {
             (true, _, _) => Source::Store,
             (false, true, _) => Source::LocalFallback,
