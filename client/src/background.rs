@@ -23,6 +23,15 @@ pub(crate) enum BackgroundConn {
     Cluster(Arc<ClusterClient>, Arc<ClusterCell>),
 }
 
+/// Marks a cluster's connect task ended when dropped.
+struct Connected<'a>(&'a ClusterCell);
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.0.connecting.store(false, Release);
+    }
+}
+
 /// A cluster's connection once made, and whether a task is making it.
 #[derive(Default)]
 pub(crate) struct ClusterCell {
@@ -119,13 +128,12 @@ impl BackgroundConn {
                 }
                 let (client, cell) = (Arc::clone(client), Arc::clone(cell));
                 let made = tokio::spawn(async move {
-                    let made = cell
-                        .conn
+                    // Cleared however the task ends: done, panicked, or dropped at shutdown.
+                    let _done = Connected(&cell);
+                    cell.conn
                         .get_or_try_init(|| client.get_async_connection())
                         .await
-                        .cloned();
-                    cell.connecting.store(false, Release);
-                    made
+                        .cloned()
                 });
                 let c = made.await.map_err(std::io::Error::other)??;
                 Ok(Live::Cluster(c))
