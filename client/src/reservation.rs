@@ -35,8 +35,9 @@ impl Held {
 
 /// A policy's offered-cost counter (a region's demand), and the most one request counts
 /// in it: the policy's whole burst. A larger cost can never pass, and the cap keeps the
-/// counters (summed on the store with `HINCRBY`, a signed 64-bit integer) far from
-/// overflow whatever costs callers pass.
+/// counters (summed on the store with `HINCRBY`, a signed 64-bit integer, never reset)
+/// from overflow for any burst in use: even the largest valid one, 10^15 tokens, would
+/// take ~9 000 requests of that cost.
 #[derive(Debug, Clone)]
 pub(crate) struct Demand {
     pub(crate) counter: Arc<AtomicU64>,
@@ -66,12 +67,15 @@ impl Demand {
 /// - A refused reservation holds nothing: settling or dropping it does nothing.
 /// - While the store cannot be asked, fail-open policies settle against the local bucket
 ///   their checks fall back to; fail-closed ones refuse every check meanwhile, and their
-///   settlement is dropped (counted in `ratelimit_settle_dropped_total`). On a cluster this
-///   is per node: the buckets of the nodes that answer are settled on them, and a decision
+///   settlement is dropped (counted in `ratelimit_settle_dropped_total`), as is every
+///   policy's with the local fallback off (then reported `FailOpen`). On a cluster this is
+///   per node: the buckets of the nodes that answer are settled on them, and a decision
 ///   partly settled locally has the local source.
 /// - A reservation the local fallback admitted is settled on the local buckets even once
 ///   the store is back: the store never took its estimate, so a refund there would let the
-///   pods together take more than the limit.
+///   pods together take more than the limit. (A sharded check whose sub-bucket could not
+///   be asked falls back after the store took its other policies: those stay charged on the
+///   store, as a plain check's do, and the settlement goes to the local buckets.)
 #[derive(Debug)]
 #[must_use = "settle it with the actual cost; dropping it refunds the estimate"]
 pub struct Reservation {
