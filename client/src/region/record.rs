@@ -163,6 +163,16 @@ if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
 if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0";
 
+/// The leader's write: `KEYS` the record and the leader key; `ARGV` the pod id, the number
+/// of fields to delete, those fields, then field/value pairs to set. Nothing unless the pod
+/// holds the lease. One field per call: no `unpack` of a list that could pass Lua's limit.
+const PUBLISH_LUA: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local n = tonumber(ARGV[2])
+for i = 3, 2 + n do redis.call('HDEL', KEYS[1], ARGV[i]) end
+for i = 3 + n, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1";
+
 /// What one sync round trip to the pod's own store answered.
 #[derive(Debug)]
 pub(crate) struct OwnRound {
@@ -236,19 +246,27 @@ impl RegionStore {
         })
     }
 
-    /// Writes this region's figures (the leader only), in one transaction: a pod reads a
-    /// record whole, before or after.
-    pub(crate) async fn publish(&self, figures: &[Publication<'_>]) -> redis::RedisResult<()> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+    /// Writes this region's figures if `pod_id` still holds the leader's lease, in one
+    /// script: a pod reads a record whole, before or after, and a leader that stalled past
+    /// its lease cannot overwrite its successor's figures with stale ones (shares could then
+    /// sum above the whole until the next lease ran out). Whether it wrote.
+    pub(crate) async fn publish(
+        &self,
+        figures: &[Publication<'_>],
+        pod_id: &str,
+    ) -> redis::RedisResult<bool> {
         let removed: Vec<String> = figures
             .iter()
             .flat_map(|f| f.removed.iter().map(|x| entry_field(f.policy, *x)))
             .collect();
-        if !removed.is_empty() {
-            pipe.cmd("HDEL").arg(&self.record_key).arg(removed).ignore();
-        }
-        let cmd = pipe.cmd("HSET").arg(&self.record_key);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PUBLISH_LUA)
+            .arg(2)
+            .arg(&self.record_key)
+            .arg(&self.leader_key)
+            .arg(pod_id)
+            .arg(removed.len())
+            .arg(removed);
         for f in figures {
             cmd.arg(format!("{}:claim", f.policy))
                 .arg(f.claim)
@@ -260,8 +278,8 @@ impl RegionStore {
                 cmd.arg(entry_field(f.policy, *x)).arg(e.encode());
             }
         }
-        cmd.ignore();
-        pipe.query_async::<()>(&mut self.conn.live().await?).await
+        let wrote: i64 = cmd.query_async(&mut self.conn.live().await?).await?;
+        Ok(wrote == 1)
     }
 
     /// Takes the pods' counts of their busiest subjects since the last take (the leader
@@ -303,6 +321,61 @@ impl RegionStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redis_ratelimit_testkit::{Flavor, Server};
+
+    /// A leader whose lease passed to another pod writes nothing: its figures, however it
+    /// stalled, cannot overwrite its successor's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_pod_holding_the_lease_publishes() {
+        let server = Server::start(Flavor::Redis);
+        let target = RegionTarget::Server(server.url());
+        let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
+        let figures = |claim, removed: Vec<Subject>| Publication {
+            policy: "api",
+            claim,
+            share: claim,
+            demand: 1.0,
+            entries: vec![(
+                0xab,
+                EntryFigures {
+                    claim,
+                    share: claim,
+                    demand: 1.0,
+                    hot: true,
+                },
+            )],
+            removed,
+        };
+        let lease = Duration::from_secs(10);
+        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        assert!(round.leader, "pod a takes the free lease");
+        assert!(store
+            .publish(&[figures(600_000, vec![])], "a")
+            .await
+            .unwrap());
+        let read = store.read().await.unwrap();
+        assert_eq!(read.figures("api").claim, Some(600_000));
+        assert!(read.entries("api").is_some_and(|e| e.len() == 1));
+
+        // The lease runs out while pod a stalls, and pod b takes it.
+        let mut c = server.conn();
+        let _: () = redis::cmd("DEL")
+            .arg(&store.leader_key)
+            .query(&mut c)
+            .unwrap();
+        let round = store.own_round(&[], &[], "b", lease, true).await.unwrap();
+        assert!(round.leader, "pod b takes the lease");
+        assert!(store
+            .publish(&[figures(300_000, vec![])], "b")
+            .await
+            .unwrap());
+        // Pod a, late: neither its figures nor its removals land.
+        let stale = figures(900_000, vec![0xab]);
+        assert!(!store.publish(&[stale], "a").await.unwrap());
+        let read = store.read().await.unwrap();
+        assert_eq!(read.figures("api").claim, Some(300_000));
+        assert!(read.entries("api").is_some_and(|e| e.len() == 1));
+    }
 
     fn record(fields: &[(&str, &str)]) -> Record {
         Record(

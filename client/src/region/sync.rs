@@ -247,7 +247,16 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         );
         leading.splits.insert(name.clone(), split);
     }
-    lead(sh, stores, &slots, &answer.offered, leading, valid_until).await;
+    lead(
+        sh,
+        stores,
+        &slots,
+        &answer.offered,
+        leading,
+        pod_id,
+        valid_until,
+    )
+    .await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
         .record(started.elapsed().as_secs_f64());
 }
@@ -267,6 +276,7 @@ async fn lead(
     slots: &[(Arc<str>, Arc<Slot>)],
     offered: &HashMap<String, u64>,
     l: &mut Leading,
+    pod_id: &str,
     valid_until: Instant,
 ) {
     let s = &sh.settings;
@@ -366,7 +376,7 @@ async fn lead(
             )
         })
         .collect();
-    if publish(sh, &stores[me], slots, l, Some(&intents)).await {
+    if publish(sh, &stores[me], slots, l, pod_id, Some(&intents)).await {
         // Phase 2: every peer, at once, each with its own timeout.
         let reads = futures_join(stores, me, s.timeout()).await;
         let read_at = Instant::now();
@@ -387,7 +397,7 @@ async fn lead(
             }
         }
         // Phase 3: back to claiming what is used.
-        publish(sh, &stores[me], slots, l, None).await;
+        publish(sh, &stores[me], slots, l, pod_id, None).await;
     }
     for (name, slot) in slots {
         if let Some(split) = l.splits.get(name) {
@@ -458,13 +468,15 @@ async fn take_hot(
     }
 }
 
-/// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now.
-/// A write that succeeded starts the hold of any shrink in it.
+/// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now,
+/// if `pod_id` still holds the lease. A write that succeeded starts the hold of any shrink
+/// in it.
 async fn publish(
     sh: &Shared,
     own: &RegionStore,
     slots: &[(Arc<str>, Arc<Slot>)],
     l: &mut Leading,
+    pod_id: &str,
     claims: Option<&[Claims]>,
 ) -> bool {
     let s = &sh.settings;
@@ -505,8 +517,8 @@ async fn publish(
         return false;
     }
     let ok = matches!(
-        tokio::time::timeout(s.timeout(), own.publish(&figures)).await,
-        Ok(Ok(()))
+        tokio::time::timeout(s.timeout(), own.publish(&figures, pod_id)).await,
+        Ok(Ok(true))
     );
     if ok {
         let at = Instant::now();
