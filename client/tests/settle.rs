@@ -1,7 +1,7 @@
 //! Reserve an estimate, settle the real cost: on every backend (module and Lua script, Redis
 //! and Valkey), with the same assertions, and during an outage.
 
-use redis_ratelimit_client::{KeyLayout, Limiter, Policy, Source};
+use redis_ratelimit_client::{KeyLayout, Limiter, LimiterBuilder, Policy, Source};
 use redis_ratelimit_testkit::*;
 use std::time::Duration;
 
@@ -183,6 +183,20 @@ async fn script_and_module_settle_alike() {
     }
 }
 
+/// A pod of the outage tests, on `s`, answering from its fail mode after `timeout_ms`.
+fn pod(s: &Server, timeout_ms: u64) -> LimiterBuilder {
+    Limiter::builder(s.url()).timeout(Duration::from_millis(timeout_ms))
+}
+
+/// 100 per hour, burst 100: a local bucket of 100 on one pod, nothing refilled in a test.
+fn hourly() -> Policy {
+    Policy::builder("llm")
+        .per_hour(100)
+        .burst(100)
+        .build()
+        .unwrap()
+}
+
 /// With the server gone, a fail-open policy settles against its local bucket: the debt
 /// holds there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,15 +205,8 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
         return;
     }
     let mut s = Server::start(Flavor::Redis);
-    let l = Limiter::builder(s.url())
-        .timeout(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    let p = Policy::builder("llm")
-        .per_hour(100)
-        .burst(100)
-        .build()
-        .unwrap();
+    let l = pod(&s, 50).build().unwrap();
+    let p = hourly();
     assert!(l.ready(Duration::from_secs(5)).await);
     let r = l.reserve("key-5", &[(&p, 10)]).await.unwrap();
     assert_eq!(r.decision().source, Source::Store);
@@ -224,18 +231,8 @@ async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_ba
         return;
     }
     let mut s = Server::start(Flavor::Redis);
-    let pod = |timeout_ms| {
-        Limiter::builder(s.url())
-            .timeout(Duration::from_millis(timeout_ms))
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (pod(50), pod(500));
-    let p = Policy::builder("llm")
-        .per_hour(100)
-        .burst(100)
-        .build()
-        .unwrap();
+    let (a, b) = (pod(&s, 50).build().unwrap(), pod(&s, 500).build().unwrap());
+    let p = hourly();
     assert!(a.ready(Duration::from_secs(5)).await);
     s.kill();
     let r = a.reserve("key-6", &[(&p, 10)]).await.unwrap();
@@ -279,11 +276,7 @@ async fn without_a_local_fallback_an_outage_settlement_is_dropped_as_fail_open()
         return;
     }
     let mut s = Server::start(Flavor::Redis);
-    let l = Limiter::builder(s.url())
-        .timeout(Duration::from_millis(50))
-        .without_local_fallback()
-        .build()
-        .unwrap();
+    let l = pod(&s, 50).without_local_fallback().build().unwrap();
     let p = llm();
     assert!(l.ready(Duration::from_secs(5)).await);
     s.kill();

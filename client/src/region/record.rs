@@ -346,6 +346,11 @@ mod tests {
             )],
             removed,
         };
+        // The record as a pod reads it: the policy's claim, and its entries.
+        let read = || async {
+            let r = store.read().await.unwrap();
+            (r.figures("api").claim, r.entries("api").map(|e| e.len()))
+        };
         let lease = Duration::from_secs(10);
         let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
         assert!(round.leader, "pod a takes the free lease");
@@ -353,9 +358,7 @@ mod tests {
             .publish(&[figures(600_000, vec![])], "a")
             .await
             .unwrap());
-        let read = store.read().await.unwrap();
-        assert_eq!(read.figures("api").claim, Some(600_000));
-        assert!(read.entries("api").is_some_and(|e| e.len() == 1));
+        assert_eq!(read().await, (Some(600_000), Some(1)));
 
         // The lease runs out while pod a stalls, and pod b takes it.
         let mut c = server.conn();
@@ -372,9 +375,7 @@ mod tests {
         // Pod a, late: neither its figures nor its removals land.
         let stale = figures(900_000, vec![0xab]);
         assert!(!store.publish(&[stale], "a").await.unwrap());
-        let read = store.read().await.unwrap();
-        assert_eq!(read.figures("api").claim, Some(300_000));
-        assert!(read.entries("api").is_some_and(|e| e.len() == 1));
+        assert_eq!(read().await, (Some(300_000), Some(1)));
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {
