@@ -1,6 +1,6 @@
 //! Rate-limit response headers.
 
-use crate::{Decision, Verdict};
+use crate::{Decision, Source, Verdict};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use std::fmt::Write;
 use std::time::Duration;
@@ -39,9 +39,9 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
         // integer parameters. `burst` is this limiter's extra parameter; clients ignore
         // parameters they do not know.
         let (mut policy, mut state) = (String::new(), String::new());
-        for (i, o) in d.outcomes.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
+        for o in &d.outcomes {
             let p = &o.policy;
+            let sep = if policy.is_empty() { "" } else { ", " };
             let _ = write!(
                 policy,
                 "{sep}\"{}\";q={};w={};burst={}",
@@ -50,6 +50,12 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
                 sf_int(ceil_secs(p.period()).max(1)),
                 sf_int(p.burst())
             );
+            // The deny cache knows only the buckets it refuses: the state of a policy it
+            // did not find refused is unknown, and left out rather than reported full.
+            if d.source == Source::DenyCache && o.verdict.is_allowed() {
+                continue;
+            }
+            let sep = if state.is_empty() { "" } else { ", " };
             let _ = write!(
                 state,
                 "{sep}\"{}\";r={};t={}",
@@ -98,7 +104,7 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Policy, PolicyOutcome, Source};
+    use crate::{Policy, PolicyOutcome};
 
     fn decision(verdict: Verdict, remaining: u64) -> Decision {
         let p = Policy::builder("api")
@@ -145,6 +151,45 @@ mod tests {
             assert!(parsed.is_ok(), "{name}: {v}");
             assert!(v.contains("=999999999999999"), "{name}: {v}");
         }
+    }
+
+    #[test]
+    fn a_deny_cache_answer_reports_only_the_buckets_it_knows() {
+        // Refused from the deny cache by "api"; "day" was not looked up.
+        let mut d = decision(
+            Verdict::Denied {
+                retry_after: Duration::from_millis(1_500),
+            },
+            0,
+        );
+        d.source = Source::DenyCache;
+        let day = Policy::builder("day")
+            .per_hour(1_000)
+            .burst(1_000)
+            .build()
+            .unwrap();
+        d.outcomes.push(PolicyOutcome {
+            policy: day,
+            verdict: Verdict::Allowed,
+            remaining: 1_000,
+            reset_after: Duration::ZERO,
+        });
+        let mut h = HeaderMap::new();
+        write(&mut h, &d, HeaderStyle::Draft11);
+        assert_eq!(
+            get(&h, "ratelimit-policy"),
+            Some("\"api\";q=100;w=60;burst=20, \"day\";q=1000;w=3600;burst=1000")
+        );
+        assert_eq!(get(&h, "ratelimit"), Some("\"api\";r=0;t=3"));
+
+        // The same outcomes from the store are all known.
+        d.source = Source::Store;
+        let mut h = HeaderMap::new();
+        write(&mut h, &d, HeaderStyle::Draft11);
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some("\"api\";r=0;t=3, \"day\";r=1000;t=0")
+        );
     }
 
     #[test]
