@@ -87,8 +87,8 @@ impl LivePodsBuilder {
         self
     }
 
-    /// How often to beat and count (default a third of the TTL; with the timeout, below
-    /// the TTL, or [`start`](Self::start) refuses).
+    /// How often to beat and count (default a third of the TTL; with twice the timeout,
+    /// below the TTL, or [`start`](Self::start) refuses).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = Some(interval);
         self
@@ -117,15 +117,19 @@ impl LivePodsBuilder {
             .interval
             .unwrap_or(self.ttl / 3)
             .max(Duration::from_millis(5));
-        // A live pod must beat again before its TTL runs out, even if a beat takes its
-        // whole timeout: counted out between beats, it would raise every other pod's
-        // fallback share (limit ÷ a count too low).
-        if interval
-            .checked_add(self.timeout)
+        // A live pod must beat again before its TTL runs out. A beat runs on the server
+        // anywhere within its timeout and the next one starts up to a timeout after it was
+        // sent, so two beats' scores lie up to interval + 2 × timeout apart: counted out
+        // between them, a pod would raise every other pod's fallback share (limit ÷ a
+        // count too low).
+        if self
+            .timeout
+            .checked_mul(2)
+            .and_then(|t| t.checked_add(interval))
             .is_none_or(|t| t >= self.ttl)
         {
             return Err(Error::Config(format!(
-                "live pods: interval {interval:?} + timeout {:?} must be below the TTL {:?}",
+                "live pods: interval {interval:?} + 2 × timeout {:?} must be below the TTL {:?}",
                 self.timeout, self.ttl
             )));
         }

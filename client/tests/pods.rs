@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 const TTL: Duration = Duration::from_millis(1000);
 const INTERVAL: Duration = Duration::from_millis(200);
+/// A beat's timeout: interval + 2 × timeout must stay below the TTL.
+const BEAT_TIMEOUT: Duration = Duration::from_millis(300);
 /// Scheduling noise on a loaded 2-core machine, on top of TTL + one interval.
 const SLACK: Duration = Duration::from_secs(3);
 
@@ -17,6 +19,7 @@ fn pod(s: &Server) -> (Limiter, LivePods) {
     let p = LivePods::builder(s.url())
         .ttl(TTL)
         .interval(INTERVAL)
+        .timeout(BEAT_TIMEOUT)
         .start(&l)
         .unwrap();
     (l, p)
@@ -104,6 +107,7 @@ async fn count_on_a_cluster() {
             let p = LivePods::cluster_builder(urls.clone())
                 .ttl(TTL)
                 .interval(INTERVAL)
+                .timeout(BEAT_TIMEOUT)
                 .start(&l)
                 .unwrap();
             (l, p)
@@ -112,8 +116,8 @@ async fn count_on_a_cluster() {
     follows_three_pods(pods, "cluster").await;
 }
 
-/// A beat interval that, with a beat's timeout, reaches the TTL would count live pods out
-/// between beats (a count too low raises every pod's fallback share): refused at start.
+/// A beat interval that, with twice a beat's timeout, reaches the TTL could count live pods
+/// out between beats (a count too low raises every pod's fallback share): refused at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interval_that_reaches_the_ttl_is_refused() {
     let l = Limiter::builder("redis://127.0.0.1:1/").build().unwrap();
@@ -129,10 +133,13 @@ async fn an_interval_that_reaches_the_ttl_is_refused() {
     for (interval, timeout) in [
         (ms(15_000), ms(500)),
         (ms(9_600), ms(500)),
+        // 3 000 + 2 × 3 500 = 10 000: the beats' scores may lie a TTL apart.
+        (ms(3_000), ms(3_500)),
         (ms(100), Duration::MAX),
     ] {
         let e = start(interval, timeout).expect_err("refused");
         assert!(e.to_string().contains("below the TTL"), "{e}");
     }
     assert!(start(ms(3_000), ms(500)).is_ok());
+    assert!(start(ms(3_000), ms(3_400)).is_ok());
 }

@@ -34,6 +34,7 @@ async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
     let pods = LivePods::builder(urls[0].clone())
         .ttl(Duration::from_secs(1))
         .interval(Duration::from_millis(100))
+        .timeout(Duration::from_millis(300))
         .start(regions[0].limiter())
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -255,7 +255,7 @@ impl RegionalBuilder {
     /// Counts this region's live pods ([`LivePods`], in the region's own store, server or
     /// cluster, under `<prefix>:pods:<region>`, counted out after `ttl`) for the local
     /// fallback: the region's share ÷ its live pods. Pods beat every `ttl / 3` with a 500 ms
-    /// timeout, so `ttl` must be over 750 ms ([`build`](Self::build) refuses it otherwise).
+    /// timeout, so `ttl` must be over 1.5 s ([`build`](Self::build) refuses it otherwise).
     pub fn live_pods(mut self, ttl: Duration) -> Self {
         self.live_pods = Some(ttl);
         self
