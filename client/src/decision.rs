@@ -54,7 +54,8 @@ pub enum Verdict {
         /// How long to wait.
         retry_after: Duration,
     },
-    /// The cost is larger than the burst (one sub-bucket's, for a sharded policy): this
+    /// The cost is larger than the burst (one sub-bucket's, for a sharded policy checked on
+    /// the store; the whole burst in a guard's local limiter, which does not shard): this
     /// request can never pass.
     ExceedsBurst,
 }

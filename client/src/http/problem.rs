@@ -1,7 +1,7 @@
 //! `application/problem+json` answers (RFC 9457).
 
 use super::headers::{self, ceil_secs, HeaderStyle};
-use crate::{Decision, Verdict};
+use crate::{Decision, Source, Verdict};
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
@@ -60,12 +60,16 @@ fn detail(d: &Decision) -> (String, String) {
             s.to_string()
         }
         _ => {
-            // One request takes from one bucket: a sub-bucket, for a sharded policy.
+            // One request takes from one bucket: a sub-bucket, for a sharded policy checked
+            // on the store; a guard's local limiter does not shard.
+            let most = match d.source {
+                Source::Local => p.limit().burst(),
+                _ => p.bucket_limit().burst(),
+            };
             let _ = write!(
                 detail,
-                " This request costs more than the {} tokens one request can take and can \
-                 never pass.",
-                p.bucket_limit().burst()
+                " This request costs more than the {most} tokens one request can take and \
+                 can never pass."
             );
             "null".to_string()
         }
@@ -122,17 +126,21 @@ pub(crate) fn overloaded(retry_after: std::time::Duration) -> Response<Full<Byte
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Policy, PolicyOutcome, Source};
+    use crate::{Policy, PolicyOutcome};
     use std::time::Duration;
 
     fn refused(policy: Policy, verdict: Verdict) -> Decision {
+        refused_by(policy, verdict, Source::Store)
+    }
+
+    fn refused_by(policy: Policy, verdict: Verdict, source: Source) -> Decision {
         let o = PolicyOutcome {
             policy,
             verdict,
             remaining: 0,
             reset_after: Duration::ZERO,
         };
-        Decision::from_outcomes(vec![o], Source::Store).unwrap()
+        Decision::from_outcomes(vec![o], source).unwrap()
     }
 
     #[test]
@@ -143,12 +151,17 @@ mod tests {
         assert!(text.contains("more than the 160 tokens"), "{text}");
         assert_eq!(retry, "null");
         // Split in 8, one request takes from one sub-bucket of 20.
-        let d = refused(whole.shards(8).build().unwrap(), Verdict::ExceedsBurst);
+        let sharded = whole.shards(8).build().unwrap();
+        let d = refused(sharded.clone(), Verdict::ExceedsBurst);
         let (text, _) = detail(&d);
         assert!(
             text.contains("burst 160. This request costs more than the 20 tokens"),
             "{text}"
         );
+        // A guard's local limiter checks the whole bucket, sharded or not.
+        let d = refused_by(sharded, Verdict::ExceedsBurst, Source::Local);
+        let (text, _) = detail(&d);
+        assert!(text.contains("more than the 160 tokens"), "{text}");
     }
 
     #[test]
