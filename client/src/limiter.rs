@@ -385,8 +385,13 @@ impl Limiter {
         if let Some(d) = self.answer_from_deny_cache(planned, now) {
             return Ok(d);
         }
-        // The subject's own buckets decide which node it is (sharded ones aside).
-        let Some(first) = planned.first() else {
+        // The subject's own buckets decide which node it is: a sub-bucket's key is on a
+        // slot of its own. Only sharded policies: the first sub-bucket's node.
+        let Some(first) = planned
+            .iter()
+            .find(|p| p.policy.shards() == 1)
+            .or(planned.first())
+        else {
             return Err(Error::Config("a check needs at least one policy".into()));
         };
         let Some(node) = inner.store.route(&first.key) else {

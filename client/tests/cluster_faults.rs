@@ -572,6 +572,32 @@ async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() 
     }
 }
 
+/// A check whose first policy is sharded sends the subject's other buckets to the subject's
+/// own node, not to the node of the sub-bucket drawn (which would turn every such check
+/// away with a `MOVED`, an extra round trip and a topology read each time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_led_by_a_sharded_policy_asks_the_subjects_node() {
+    let nodes = start_cluster(Flavor::Valkey);
+    let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+        .timeout(Duration::from_millis(500))
+        .probe_interval(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    assert!(l.ready(Duration::from_secs(10)).await);
+    let (plain, hot) = plain_and_hot();
+    let subject = subject_on(0, 2);
+    for i in 0..20 {
+        let d = l.check(&subject, &[(&hot, 1), (&plain, 1)]).await.unwrap();
+        assert_eq!((d.source, d.is_allowed()), (Source::Store, true), "#{i}");
+    }
+    let calls = |n: usize| command_calls(&mut nodes[n].conn(), "rl.check");
+    // Each check: `plain` on node 0, one `hot` sub-bucket on node 2, nothing turned away.
+    assert_eq!(
+        (calls(0), calls(2), rejected_calls(&nodes[2], "rl.check")),
+        (20, 20, 0)
+    );
+}
+
 /// `rejected_calls=` of a command in `INFO commandstats` (redirections count there).
 fn rejected_calls(node: &Server, command: &str) -> i64 {
     let info: String = redis::cmd("INFO")
