@@ -16,8 +16,8 @@
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:8080`), `REDIS_URL` (default
 //! `redis://127.0.0.1:6379`), `PODS` (gateways sharing the limits, default 1), `TIMEOUT_MS`
-//! (the store check's timeout, default the client's 5 ms), and `RL_DISABLE=1` to serve the same routes without the layer (the latency baseline of
-//! `scripts/bench/http`).
+//! (the store check's timeout, default the client's 5 ms), and `RL_DISABLE=1` to serve the
+//! same routes without the layer (the latency baseline of `scripts/bench/http`).
 
 use axum::extract::Path;
 use axum::http::HeaderMap;
@@ -79,11 +79,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/login",
             post(|| async { Json(serde_json::json!({ "ok": true })) }),
         )
-        .route("/llm", post(llm_upstream))
-        .layer(limits);
+        .route("/llm", post(llm_upstream));
+    let disabled = std::env::var("RL_DISABLE").is_ok_and(|v| v == "1");
+    let app = if disabled { app } else { app.layer(limits) };
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    eprintln!("gateway: http://{listen} (limits in {redis})");
+    let limits = if disabled {
+        "RL_DISABLE: no limits".to_string()
+    } else {
+        format!("limits in {redis}")
+    };
+    eprintln!("gateway: http://{listen} ({limits})");
     axum::serve(listener, app).await?;
     Ok(())
 }
