@@ -7,11 +7,12 @@
 //! own per-node routing, `crate::cluster`, is about not waiting on a lost node per
 //! request).
 
+use crate::node::tcp_settings;
 use crate::region::RegionTarget;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use std::sync::atomic::{AtomicBool, Ordering::AcqRel, Ordering::Release};
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +92,10 @@ impl BackgroundConn {
     ) -> redis::RedisResult<Self> {
         Ok(match target {
             RegionTarget::Server(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                // The request path's TCP settings: a flow lost without a reset is closed
+                // within seconds, and the manager reconnects.
+                let info = url.as_str().into_connection_info()?;
+                let client = redis::Client::open(info.set_tcp_settings(tcp_settings()))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None)
@@ -101,6 +105,7 @@ impl BackgroundConn {
             }
             RegionTarget::Cluster(urls) => {
                 let client = ClusterClient::builder(urls.clone())
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(connect_timeout)
                     .retries(1)
                     .build()?;

@@ -4,6 +4,7 @@
 //! through a fresh connection instead of waiting on the dead one (which the kernel would only
 //! give up after ~15 min of retransmissions).
 
+use redis_ratelimit_client::pods::LivePods;
 use redis_ratelimit_client::{Limiter, Policy, Source};
 use redis_ratelimit_testkit::*;
 use std::time::{Duration, Instant};
@@ -90,3 +91,67 @@ async fn a_silently_dropped_connection_is_replaced() {
         drop(hole);
     }
 }
+
+/// The same fault on a background connection (here a pod's heartbeat): its beats stop
+/// landing, and resume through a fresh connection within seconds (`TCP_USER_TIMEOUT`
+/// closes the dead one), not after the kernel's ~15 min of retransmissions, during which
+/// the other pods would count this one out and raise their fallback shares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dropped_background_connection_is_replaced() {
+    if !Blackhole::usable() {
+        return;
+    }
+    let s = Server::start(Flavor::Valkey);
+    let l = Limiter::builder(s.url()).build().unwrap();
+    let pod = LivePods::builder(s.url())
+        .id("victim")
+        .ttl(Duration::from_secs(30))
+        .interval(Duration::from_millis(200))
+        .timeout(Duration::from_millis(300))
+        .start(&l)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pod.count().is_none() {
+        assert!(Instant::now() < deadline, "no first beat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut admin = s.conn();
+    // The limiter never checked: the pod's is the only connection but ours.
+    let dead = s.client_ports(&mut admin);
+    assert_eq!(dead.len(), 1, "the pod's connections: {dead:?}");
+    // The beat's score: the server's clock at its last landing.
+    let mut score = || -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg("rl:pods")
+            .arg("victim")
+            .query(&mut admin)
+            .unwrap()
+    };
+    let hole = Blackhole::ports(&dead);
+    let dropped = Instant::now();
+    let before = score();
+    // The fault is real: a second passes and no beat lands (five were due).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        score(),
+        before,
+        "beats still landing through the blackholed flow"
+    );
+    let recovered = loop {
+        if score() != before {
+            break dropped.elapsed();
+        }
+        assert!(
+            dropped.elapsed() < RECOVERY_BACKGROUND,
+            "no beat landed {RECOVERY_BACKGROUND:?} after the drop"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let now = s.client_ports(&mut s.conn());
+    assert!(now.iter().any(|p| !dead.contains(p)), "{now:?}");
+    eprintln!("beats landing again {recovered:?} after the drop");
+    drop(hole);
+}
+
+/// Stated bound: `TCP_USER_TIMEOUT` (3 s) closes the dead flow, the next beat reconnects.
+const RECOVERY_BACKGROUND: Duration = Duration::from_secs(10);
