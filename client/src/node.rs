@@ -10,14 +10,20 @@ use crate::error::StoreError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::ConnectionInfo;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::RwLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Consecutive timeouts (or `READONLY` replies) after which a node's connection is dropped
 /// and a fresh one made: the old one may be a flow a NAT or load balancer lost, which no
 /// error would ever end, or lead to a demoted primary.
 const RETIRE_AFTER: u32 = 3;
+
+/// How long a node must have been silent before timeouts retire its connection. Checks in
+/// flight together all time out in one stall (a fork, a slow command): counted alone, any
+/// stall longer than the timeout would make every pod reconnect at once as the server
+/// recovers. A lost flow stays silent; a stall ends.
+const RETIRE_SILENCE: Duration = Duration::from_secs(1);
 
 /// How nodes are made: the same for every node of a limiter.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +43,9 @@ pub(crate) struct Node {
     conn: RwLock<ConnectionManager>,
     /// Consecutive failures that suspect the connection itself.
     suspect: AtomicU32,
+    /// When the node last answered (or was made), in ms since `made`.
+    last_answer_ms: AtomicU64,
+    made: Instant,
     pub(crate) breaker: Breaker,
 }
 
@@ -85,6 +94,8 @@ impl Node {
             config,
             conn: RwLock::new(conn),
             suspect: AtomicU32::new(0),
+            last_answer_ms: AtomicU64::new(0),
+            made: Instant::now(),
             breaker: Breaker::new(settings.breaker_threshold, settings.probe_interval),
         })
     }
@@ -103,13 +114,25 @@ impl Node {
     /// A call reached the node.
     pub(crate) fn on_answer(&self) {
         self.suspect.store(0, Relaxed);
+        self.last_answer_ms.store(self.ms_since_made(), Relaxed);
     }
 
-    /// A call failed: after [`RETIRE_AFTER`] in a row that suspect the connection, it is
-    /// replaced by a fresh one (made on first use), so the next call or probe connects anew
-    /// instead of waiting on a dead flow.
+    fn ms_since_made(&self) -> u64 {
+        u64::try_from(self.made.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A call failed: after [`RETIRE_AFTER`] in a row that suspect the connection (and, for
+    /// timeouts, [`RETIRE_SILENCE`] without an answer), it is replaced by a fresh one (made
+    /// on first use), so the next call or probe connects anew instead of waiting on a dead
+    /// flow.
     pub(crate) fn on_failure(&self, e: &StoreError) {
         if !e.suspects_connection() || self.suspect.fetch_add(1, Relaxed) + 1 < RETIRE_AFTER {
+            return;
+        }
+        let silent = self
+            .ms_since_made()
+            .saturating_sub(self.last_answer_ms.load(Relaxed));
+        if matches!(e, StoreError::Timeout) && silent < RETIRE_SILENCE.as_millis() as u64 {
             return;
         }
         self.suspect.store(0, Relaxed);

@@ -13,7 +13,8 @@ const TIMEOUT: Duration = Duration::from_millis(20);
 /// Scheduling noise on a loaded 2-core machine.
 const MARGIN: Duration = Duration::from_millis(150);
 const PROBE: Duration = Duration::from_millis(300);
-/// Stated bound: 3 timeouts retire the connection, the next probe (≤ 300 ms) uses a fresh one.
+/// Stated bound: 3 timeouts and 1 s without an answer retire the connection, the next probe
+/// (≤ 300 ms) uses a fresh one.
 const RECOVERY: Duration = Duration::from_secs(3);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,10 +77,11 @@ async fn a_silently_dropped_connection_is_replaced() {
             slowest < TIMEOUT + MARGIN,
             "{flavor:?}: a check took {slowest:?}"
         );
-        // Limits held meanwhile: one pod's local bucket of burst 5.
+        // Limits held meanwhile: one pod's local bucket, burst 5 and a token a second.
+        let bound = 5 + recovered.as_secs_f64().ceil() as usize;
         assert!(
-            local_allowed <= 5,
-            "{flavor:?}: {local_allowed} admitted locally"
+            local_allowed <= bound,
+            "{flavor:?}: {local_allowed} admitted locally in {recovered:?}"
         );
         // Through a new connection, while the old one is still blackholed.
         let now = s.client_ports(&mut admin);

@@ -1,6 +1,6 @@
 //! A store that stalls for a moment (a slow command, a fork, the host) costs the store's
 //! answers for about that moment, not for a whole probe interval: the breaker that the
-//! stall opened probes first after 50 ms, then backs off.
+//! stall opened probes first after 50 ms, then backs off, and the connection is kept.
 
 use redis_ratelimit_client::{Limiter, Policy, Source};
 use redis_ratelimit_testkit::*;
@@ -35,6 +35,8 @@ async fn a_short_stall_costs_a_short_fallback() {
             .build()
             .unwrap();
         assert!(l.ready(Duration::from_secs(5)).await, "{flavor:?}");
+        let mut admin = s.conn();
+        let connections = s.client_ports(&mut admin);
 
         // (started at, source) of every check, and whether the breaker was ever seen open.
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -95,6 +97,13 @@ async fn a_short_stall_costs_a_short_fallback() {
             after.len() >= 20 && store * 10 >= after.len() * 9,
             "{flavor:?}: {store} of {} checks after the stall answered by the store",
             after.len()
+        );
+        // ...through the same connection: a stall is not a lost flow, and every pod
+        // reconnecting at every stall would load the server just as it recovers.
+        assert_eq!(
+            s.client_ports(&mut admin),
+            connections,
+            "{flavor:?}: the connection was replaced"
         );
     }
 }
