@@ -124,7 +124,11 @@ impl Cluster {
     /// cluster announcing no endpoint). Returns the node to ask again.
     pub(crate) fn moved(&self, slot: u16, addr: &str, from: &Node) -> Option<Arc<Node>> {
         self.refresh_soon();
-        let addr = match addr.strip_prefix(':') {
+        // `:port` has no host; `::1:7001` is an IPv6 host (Redis writes them unbracketed).
+        let no_host = addr
+            .strip_prefix(':')
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        let addr = match no_host {
             Some(port) => {
                 let host = from.addr().rsplit_once(':').map_or("", |(h, _)| h);
                 format!("{host}:{port}")
@@ -293,7 +297,9 @@ async fn refresh_loop(cluster: Weak<Cluster>, asked: Arc<Notify>, every: Duratio
 }
 
 /// The ranges of a `CLUSTER SLOTS` reply (each range's primary). A primary with an empty
-/// host is the node asked (`asked`'s host), as the cluster spec says.
+/// host is the node asked (`asked`'s host), as the cluster spec says; one whose host is
+/// `?` is unknown (a hostname preferred but none announced), and its range is left out:
+/// its slots have no node until a later read names one.
 pub(crate) fn slot_ranges(reply: &Value, asked: &str) -> Option<Vec<Range>> {
     let Value::Array(ranges) = reply else {
         return None;
@@ -319,18 +325,18 @@ pub(crate) fn slot_ranges(reply: &Value, asked: &str) -> Option<Vec<Range>> {
                 Value::Nil => String::new(),
                 _ => return None,
             };
-            let host = if host.is_empty() || host == "?" {
-                asked_host.to_owned()
-            } else {
-                host
-            };
             let port = match primary.get(1)? {
                 Value::Int(p) => *p,
                 _ => return None,
             };
-            Some((first, last, format!("{host}:{port}")))
+            Some(match host.as_str() {
+                "?" => None,
+                "" => Some((first, last, format!("{asked_host}:{port}"))),
+                _ => Some((first, last, format!("{host}:{port}"))),
+            })
         })
-        .collect()
+        .collect::<Option<Vec<_>>>()
+        .map(|ranges| ranges.into_iter().flatten().collect())
 }
 
 /// A `MOVED <slot> <host:port>` error's slot and address.
@@ -420,6 +426,8 @@ mod tests {
         assert_eq!(c.nodes().len(), 2);
         // No host: the replying node's.
         assert_eq!(c.moved(slot, ":7", &from).unwrap().addr(), "n1:7");
+        // An IPv6 host, unbracketed as Redis writes it, is a host.
+        assert_eq!(c.moved(slot, "::1:7001", &from).unwrap().addr(), "::1:7001");
     }
 
     #[test]
@@ -450,6 +458,15 @@ mod tests {
                 (0, 99, "10.0.0.1:7000".to_owned()),
                 (100, 16383, "10.0.0.9:7001".to_owned())
             ]
+        );
+        // `?`: a node whose endpoint is unknown, not the node asked.
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(99), node("?", 7000)]),
+            Value::Array(vec![Value::Int(100), Value::Int(16383), node("", 7001)]),
+        ]);
+        assert_eq!(
+            slot_ranges(&reply, "10.0.0.9:7005").unwrap(),
+            vec![(100, 16383, "10.0.0.9:7001".to_owned())]
         );
         assert!(slot_ranges(&Value::Int(1), "x:1").is_none());
         let bad = Value::Array(vec![Value::Array(vec![Value::Int(-1)])]);

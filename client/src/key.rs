@@ -108,7 +108,12 @@ mod tests {
         // Values from CLUSTER KEYSLOT.
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        // An empty tag hashes the whole key; only the first `{` and the first `}` after it
+        // count.
+        let whole = crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % 16384;
+        assert_eq!(slot(b"foo{}{bar}"), whole);
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
         assert_eq!(slot(b"123456789"), 0x31C3); // the CRC16/XMODEM check value
     }
 
