@@ -64,10 +64,17 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
                 sf_int(ceil_secs(o.reset_after))
             );
         }
-        insert(headers, &RATELIMIT_POLICY, policy);
-        insert(headers, &RATELIMIT, state);
+        // Another limit layer around or inside this one (a guard's beside the global one)
+        // adds its policies to the same lists rather than hiding these.
+        append(headers, &RATELIMIT_POLICY, policy);
+        append(headers, &RATELIMIT, state);
     }
-    if style != HeaderStyle::Draft11 {
+    let tighter = headers
+        .get(&X_REMAINING)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_none_or(|theirs| d.remaining < theirs);
+    // The single-policy forms name one policy: another layer's with fewer left stays.
+    if style != HeaderStyle::Draft11 && tighter {
         let (limit, remaining, reset) = (d.policy.count(), d.remaining, ceil_secs(d.reset_after));
         insert(headers, &X_LIMIT, limit.to_string());
         insert(headers, &X_REMAINING, remaining.to_string());
@@ -81,11 +88,15 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
         }
     }
     if let Verdict::Denied { retry_after } = d.verdict {
-        insert(
-            headers,
-            &RETRY_AFTER,
-            ceil_secs(retry_after).max(1).to_string(),
-        );
+        let ours = ceil_secs(retry_after).max(1);
+        // Another layer's longer wait stays: retrying earlier would be refused there.
+        let longer = headers
+            .get(&RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|theirs| theirs >= ours);
+        if !longer {
+            insert(headers, &RETRY_AFTER, ours.to_string());
+        }
     }
 }
 
@@ -93,6 +104,18 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
 /// policy of absurd size has one) is written as the largest, so the header still parses.
 fn sf_int(n: u64) -> u64 {
     n.min(999_999_999_999_999)
+}
+
+/// Adds `value`'s list members after those already in the field, if any.
+fn append(headers: &mut HeaderMap, name: &HeaderName, value: String) {
+    if value.is_empty() {
+        return;
+    }
+    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(old) if !old.is_empty() => format!("{old}, {value}"),
+        _ => value,
+    };
+    insert(headers, name, value);
 }
 
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: String) {
@@ -190,6 +213,52 @@ mod tests {
             get(&h, "ratelimit"),
             Some("\"api\";r=0;t=3, \"day\";r=1000;t=0")
         );
+    }
+
+    #[test]
+    fn nested_layers_add_to_the_lists_and_keep_the_tighter_single_values() {
+        // The inner layer ("api") refused; the outer one ("sms") had room.
+        let mut inner = decision(
+            Verdict::Denied {
+                retry_after: Duration::from_millis(4_500),
+            },
+            0,
+        );
+        let sms = Policy::builder("sms").per_second(10).build().unwrap();
+        inner.outcomes[0].reset_after = Duration::from_secs(5);
+        let mut outer = decision(Verdict::Allowed, 9);
+        outer.policy = sms.clone();
+        outer.outcomes[0].policy = sms;
+        let mut h = HeaderMap::new();
+        write(&mut h, &inner, HeaderStyle::Draft11AndXRateLimit);
+        write(&mut h, &outer, HeaderStyle::Draft11AndXRateLimit);
+        assert_eq!(
+            get(&h, "ratelimit-policy"),
+            Some("\"api\";q=100;w=60;burst=20, \"sms\";q=10;w=1;burst=10")
+        );
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some("\"api\";r=0;t=5, \"sms\";r=9;t=3")
+        );
+        assert_eq!(h.get_all("ratelimit").iter().count(), 1, "one field line");
+        assert_eq!(
+            get(&h, "x-ratelimit-remaining"),
+            Some("0"),
+            "the tighter one"
+        );
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("100"));
+        assert_eq!(get(&h, "retry-after"), Some("5"));
+        // A shorter refusal outside does not shorten the wait.
+        let mut shorter = decision(
+            Verdict::Denied {
+                retry_after: Duration::from_secs(1),
+            },
+            0,
+        );
+        shorter.outcomes[0].policy = Policy::builder("b").per_second(1).build().unwrap();
+        write(&mut h, &shorter, HeaderStyle::Draft11);
+        assert_eq!(get(&h, "retry-after"), Some("5"));
+        assert!(get(&h, "ratelimit").unwrap().ends_with(", \"b\";r=0;t=3"));
     }
 
     #[test]
