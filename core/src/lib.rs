@@ -194,6 +194,11 @@ impl std::error::Error for LimitError {}
 /// handles stays below 2^53.
 pub const MAX_LEAD_TICKS: u64 = 2 * Limit::MAX_REFILL_TICKS;
 
+/// The latest `now` the bucket math uses (about 58 000 years after the epoch, less 25 years):
+/// a later one is taken as this, so a TAT ahead of it, by debt or by a take, still fits in
+/// 64 bits.
+pub const MAX_NOW_TICKS: u64 = u64::MAX - 4 * MAX_LEAD_TICKS;
+
 /// The outcome of one check against one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -229,6 +234,7 @@ pub fn check(limit: &Limit, cost: u64, tat: u64, now: u64) -> Decision {
 }
 
 fn evaluate(limit: &Limit, cost: u64, tat: u64, now: u64, take: bool) -> Decision {
+    let now = now.min(MAX_NOW_TICKS);
     let tau = limit.refill_ticks();
     let tat = tat.max(now);
     let used = tat - now; // the bucket's deficit, in ticks
@@ -249,7 +255,7 @@ fn evaluate(limit: &Limit, cost: u64, tat: u64, now: u64, take: bool) -> Decisio
         }
     };
     let changed = take && allowed && cost > 0;
-    // Allowed means `used + cost × T <= τ`: no overflow.
+    // Allowed means `used + cost × T <= τ`, and `now <= MAX_NOW_TICKS`: no overflow.
     let new_tat = if changed {
         tat + cost * limit.interval
     } else {
@@ -298,6 +304,7 @@ fn decision(
 /// Fails, changing nothing, when the debt would put the TAT more than [`MAX_LEAD_TICKS`]
 /// ahead of now.
 pub fn settle(limit: &Limit, delta: i64, tat: u64, now: u64) -> Result<Decision, SettleError> {
+    let now = now.min(MAX_NOW_TICKS);
     let tat = tat.max(now);
     let new_tat = if delta >= 0 {
         delta

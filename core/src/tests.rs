@@ -304,6 +304,24 @@ fn shrunk_limit_waits_exactly_what_it_says() {
 }
 
 #[test]
+fn a_now_at_the_end_of_time_still_limits() {
+    // A caller's "far future" (`Duration::MAX`) saturates; the math neither overflows nor
+    // wraps to a full bucket.
+    let l = limit(1.0, 1);
+    let now = ticks_since_epoch(std::time::Duration::MAX);
+    let first = check(&l, 1, 0, now);
+    assert!(first.allowed);
+    let second = check(&l, 1, first.tat, now);
+    assert_eq!(
+        (second.allowed, second.retry_after_ms),
+        (false, Some(1_000))
+    );
+    let owed = settle(&l, 5, first.tat, now).unwrap();
+    assert_eq!(owed.remaining, -5);
+    assert!(!check(&l, 1, owed.tat, u64::MAX).allowed);
+}
+
+#[test]
 fn clock_stepping_back_is_honoured_and_truthful() {
     let l = limit(10.0, 5); // 100 ms per token
     let d = check(&l, 5, 0, NOW);

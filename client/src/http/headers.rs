@@ -28,7 +28,8 @@ static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Whole seconds, rounded up: a client waiting that long is never early.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_nanos().div_ceil(1_000_000_000) as u64
+    // `Duration::MAX` rounds up to 2^64: saturate, not wrap to 0.
+    u64::try_from(d.as_nanos().div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
 }
 
 /// Writes the headers describing `d` (and `Retry-After` when it is a refusal that can pass
@@ -259,6 +260,12 @@ mod tests {
         write(&mut h, &shorter, HeaderStyle::Draft11);
         assert_eq!(get(&h, "retry-after"), Some("5"));
         assert!(get(&h, "ratelimit").unwrap().ends_with(", \"b\";r=0;t=3"));
+    }
+
+    #[test]
+    fn the_longest_wait_rounds_up_without_wrapping() {
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
     }
 
     #[test]
