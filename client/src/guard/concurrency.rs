@@ -232,7 +232,7 @@ impl Gradient {
                     self.min_rtt = Some(self.take_percentile());
                     self.phase = Phase::Adjust {
                         window_start: now,
-                        probe_at: now + self.config.probe_interval,
+                        probe_at: now.saturating_add(self.config.probe_interval),
                     };
                 }
             }
@@ -326,6 +326,18 @@ mod tests {
             assert_eq!(r.g.min_rtt(), Some(20 * MS));
             r
         }
+    }
+
+    #[test]
+    fn a_clock_at_its_end_does_not_overflow() {
+        let config = GradientConfig {
+            probe_samples: 1,
+            ..GradientConfig::default()
+        };
+        let mut g = Gradient::new(config, Duration::MAX - 1_000 * MS).unwrap();
+        g.record(Duration::MAX - 20 * MS, Duration::MAX);
+        assert_eq!(g.min_rtt(), Some(20 * MS));
+        g.record(Duration::MAX - 20 * MS, Duration::MAX);
     }
 
     #[test]

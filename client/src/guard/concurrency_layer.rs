@@ -201,7 +201,7 @@ impl Drop for Permit {
 
 /// A `tower::Layer` enforcing an adaptive concurrency limit on HTTP requests: the limit
 /// follows the service's observed latency ([`Gradient`], documented there), and a request
-/// over it is answered at once with `503 Service Unavailable`, `Retry-After` and a
+/// over it (and past the optional queue) is answered with `503 Service Unavailable`, `Retry-After` and a
 /// problem+json body, rather than queued without bound. An optional short FIFO queue absorbs
 /// small bursts.
 ///
@@ -383,8 +383,9 @@ where
     }
 }
 
-/// [`AdaptiveConcurrencyLayer`]'s limit for any service: over the limit, the call fails at
-/// once with [`Refused::Overloaded`] (boxed). Made by [`AdaptiveConcurrencyLayer::errors`].
+/// [`AdaptiveConcurrencyLayer`]'s limit for any service: over the limit (and past the
+/// queue's `max_wait`, if one is configured), the call fails with [`Refused::Overloaded`]
+/// (boxed). Made by [`AdaptiveConcurrencyLayer::errors`].
 #[derive(Clone)]
 pub struct AdaptiveConcurrencyErrorLayer {
     shared: Arc<Shared>,
