@@ -71,7 +71,10 @@ impl LocalLimitLayer {
     }
 
     /// One bucket per key that `key` finds in the request; requests where it finds none
-    /// share one bucket.
+    /// share one bucket. Keys should be ones the caller cannot mint at will (an
+    /// authenticated tenant, not a free-form header): once the limiter holds its capacity
+    /// of buckets still refilling, a new key is checked against a fresh bucket that is
+    /// not kept, so a flood of new keys is not limited.
     #[must_use]
     pub fn per_key(
         mut self,
