@@ -86,6 +86,13 @@ struct Args {
     floor: bool,
 }
 
+/// The flags, as the module docs describe them.
+const USAGE: &str = "usage: loadgen [--redis URL[,URL...]] [--pods P] [--keys K] [--rate R] \
+[--duration S] [--limit N] [--period S] [--burst B] [--timeout-ms MS] [--cluster] \
+[--threads T] [--tick-us US] [--warmup-secs W] [--closed N] [--pacer thread|inline] [--floor] \
+[--regions N] [--region-weights a,b,...] [--rebalance-secs S]
+(each flag is described at the top of client/examples/loadgen/main.rs)";
+
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         redis: "redis://127.0.0.1:6379".into(),
@@ -110,6 +117,9 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.into());
+        }
         if flag == "--cluster" {
             a.cluster = true;
             continue;
@@ -197,8 +207,13 @@ struct Counts {
 fn main() {
     let args = match parse() {
         Ok(a) => a,
+        Err(e) if e == USAGE => {
+            println!("{USAGE}");
+            return;
+        }
         Err(e) => {
             eprintln!("loadgen: {e}");
+            eprintln!("{USAGE}");
             std::process::exit(2);
         }
     };
