@@ -308,6 +308,17 @@ fn checkall_is_all_or_nothing() {
             &[&a, PER_HOUR_1, "10", "1", &b, PER_HOUR_1, "3", "2"],
         );
         assert_eq!(r, vec![(1, 9, 0, r[0].3), (1, 1, 0, r[1].3)], "{}", t.name);
+        // Full again after the hour (a) and two hours (b) their takes refill in.
+        assert!(
+            (3_599_999..=3_600_001).contains(&r[0].3),
+            "{}: {r:?}",
+            t.name
+        );
+        assert!(
+            (7_199_999..=7_200_001).contains(&r[1].3),
+            "{}: {r:?}",
+            t.name
+        );
         let before = (dump(&mut c, &a), dump(&mut c, &b), pexpiretime(&mut c, &a));
         // `b` has one token left: nothing may be taken from `a` either.
         let r = checkall(

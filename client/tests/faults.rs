@@ -147,12 +147,20 @@ async fn hung_server() {
         let s = Server::start(flavor);
         let l = limiter(&s);
         let p = policies();
-        round(&l, &p, 3).await;
+        assert!(l.ready(READY).await, "{flavor:?}: store never answered");
+        expect_store(&l, &p).await;
+        let mut probe = s.conn();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
 
         s.signal("STOP");
         {
             // Resumes the server even if an assertion fails, so it can be stopped.
             let _resume = Resume(&s);
+            // The fault is real: the server answers nobody.
+            let ping: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
+            assert!(ping.is_err(), "{flavor:?}: a stopped server answered");
             expect_outage_answers(&l, &p, flavor).await;
         }
         expect_recovery(&l, &p).await;

@@ -63,8 +63,10 @@ async fn ten_pods_share_one_quota() {
 async fn deny_cache_saves_round_trips_until_retry_after() {
     for t in backends("deny") {
         let l = pod(&t.url);
+        // One token a second: the refusal is cached for about a second, room enough for
+        // the checks below on a loaded machine.
         let p = Policy::builder("api")
-            .per_second(10)
+            .per_second(1)
             .burst(3)
             .build()
             .unwrap();
@@ -76,11 +78,11 @@ async fn deny_cache_saves_round_trips_until_retry_after() {
                 .sum::<i64>()
         };
         // 3 admitted, then 1 refusal that fills the cache.
-        for _ in 0..4 {
-            assert_eq!(
-                l.check_one(&p, "spammer", 1).await.unwrap().source,
-                Source::Store
-            );
+        let mut refused_until = Instant::now();
+        for i in 0..4 {
+            let d = l.check_one(&p, "spammer", 1).await.unwrap();
+            assert_eq!((d.source, d.is_allowed()), (Source::Store, i < 3));
+            refused_until = Instant::now() + d.retry_after().unwrap_or_default();
         }
         let before = calls(&mut c);
         let mut sources = Vec::new();
@@ -99,8 +101,8 @@ async fn deny_cache_saves_round_trips_until_retry_after() {
             t.name
         );
 
-        // After the Retry-After (one token per 100 ms), the store is asked again and admits.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // After the Retry-After, the store is asked again and admits.
+        tokio::time::sleep_until(refused_until.into()).await;
         let d = l.check_one(&p, "spammer", 1).await.unwrap();
         assert_eq!(
             (d.source, d.is_allowed()),
@@ -230,8 +232,9 @@ async fn cluster_settles_reservations_with_sub_buckets() {
             .burst(100)
             .build()
             .unwrap();
+        // Hourly: nothing refills during the test, so what the sub-buckets hold adds up.
         let hot = Policy::builder("hot")
-            .per_second(1000)
+            .per_hour(800)
             .burst(800)
             .shards(8)
             .build()
@@ -253,5 +256,29 @@ async fn cluster_settles_reservations_with_sub_buckets() {
             .await
             .unwrap();
         assert_eq!(d.remaining, 100 - 36, "script {script}");
+        // ...and 12 of 2 each from the sub-buckets (of 100 each), wherever they are.
+        let layout = KeyLayout::default();
+        let tag = layout.subject_tag(format!("settler-{script}").as_bytes());
+        let rate = (hot.rate() / 8.0).to_string();
+        let taken: i64 = (0..8)
+            .map(|i| {
+                let key = layout.shard_key(&tag, "hot", i, 8);
+                // A peek (cost 0) on the node that serves the key; the others say MOVED.
+                let r: Vec<i64> = nodes
+                    .iter()
+                    .find_map(|n| {
+                        redis::cmd("RL.CHECK")
+                            .arg(&key)
+                            .arg(&rate)
+                            .arg(100)
+                            .arg(0)
+                            .query(&mut n.conn())
+                            .ok()
+                    })
+                    .unwrap();
+                100 - r[1]
+            })
+            .sum();
+        assert_eq!(taken, 24, "script {script}");
     }
 }

@@ -128,8 +128,8 @@ async fn llm_route_reserves_settles_and_refuses_while_in_debt() {
             t.name,
             remaining(&r)
         );
-        // Without headers the estimate is 1 and so is the use.
-        let r = post_llm(g.addr, "k3", 1, None).await;
+        // Without the token headers the estimate is 1 and so is the use.
+        let r = http_request(g.addr, "POST", "/llm", &[("X-API-Key", "k3")]).await;
         assert_eq!((r.status, remaining(&r)), (200, 9_999), "{}", t.name);
     }
 }

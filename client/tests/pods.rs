@@ -40,13 +40,29 @@ async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 async fn count_follows_the_pods_alive() {
     for flavor in Flavor::ALL {
         let s = Server::start(flavor);
-        follows_three_pods((0..3).map(|_| pod(&s)).collect(), &format!("{flavor:?}")).await;
+        let members = || -> i64 {
+            redis::cmd("ZCARD")
+                .arg("rl:pods")
+                .query(&mut s.conn())
+                .unwrap()
+        };
+        follows_three_pods(
+            (0..3).map(|_| pod(&s)).collect(),
+            &members,
+            &format!("{flavor:?}"),
+        )
+        .await;
     }
 }
 
 /// Three pods are counted; one that crashes (stops beating without leaving) is counted out
-/// within its TTL; one that leaves is gone at the others' next beat, not after a TTL.
-async fn follows_three_pods(mut pods: Vec<(Limiter, LivePods)>, label: &str) {
+/// within its TTL; one that leaves is gone from the set at once (`members`: the set's size
+/// in the store), and from the others' count at their next beat.
+async fn follows_three_pods(
+    mut pods: Vec<(Limiter, LivePods)>,
+    members: &dyn Fn() -> i64,
+    label: &str,
+) {
     let all_three = until(TTL + SLACK, || {
         pods.iter()
             .all(|(l, p)| p.count() == Some(3) && l.pods() == 3)
@@ -67,8 +83,10 @@ async fn follows_three_pods(mut pods: Vec<(Limiter, LivePods)>, label: &str) {
     assert!(two, "{label}: {counts:?} after {took:?}");
     eprintln!("{label}: a stopped pod counted out after {took:?} (TTL {TTL:?})");
 
+    assert_eq!(members(), 2, "{label}");
     let (_, leaving) = pods.pop().unwrap();
     leaving.leave().await;
+    assert_eq!(members(), 1, "{label}: left, yet still in the set");
     let one = until(INTERVAL + SLACK, || pods[0].1.count() == Some(1)).await;
     assert!(one, "{label}: {:?}", pods[0].1.count());
     assert_eq!(pods[0].0.pods(), 1);
@@ -84,8 +102,15 @@ async fn last_count_kept_while_the_store_is_unreachable() {
             .all(|(_, p)| p.count() == Some(2)))
         .await
     );
+    let mut probe = s.conn();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     s.signal("STOP");
-    // Several beats fail meanwhile (each times out after 500 ms).
+    // The fault is real: the server answers nobody.
+    let ping: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
+    assert!(ping.is_err(), "a stopped server answered: {ping:?}");
+    // Several beats fail meanwhile (each times out after BEAT_TIMEOUT).
     tokio::time::sleep(TTL * 2).await;
     let counts: Vec<_> = pods.iter().map(|(l, p)| (p.count(), l.pods())).collect();
     s.signal("CONT");
@@ -113,7 +138,12 @@ async fn count_on_a_cluster() {
             (l, p)
         })
         .collect();
-    follows_three_pods(pods, "cluster").await;
+    let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+    let members = || -> i64 {
+        let mut c = client.get_connection().unwrap();
+        redis::cmd("ZCARD").arg("rl:pods").query(&mut c).unwrap()
+    };
+    follows_three_pods(pods, &members, "cluster").await;
 }
 
 /// A beat interval that, with twice a beat's timeout, reaches the TTL could count live pods

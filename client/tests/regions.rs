@@ -6,7 +6,7 @@
 //! one at a time (`SERIAL`). Bounds are the issue's, with no timing assertions.
 
 use redis_ratelimit_client::region::{RegionTarget, RegionalLimiter};
-use redis_ratelimit_client::{Policy, Source};
+use redis_ratelimit_client::{slot, Policy, Source};
 use redis_ratelimit_testkit::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -405,6 +405,29 @@ async fn a_region_on_a_cluster() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(pods.iter().all(RegionalLimiter::is_leader));
+    // The cluster region's lease and record (and counters, once counted): on one node,
+    // under one slot.
+    let found: Vec<(usize, String)> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("rl:{region.0}*")
+                .query(&mut n.conn())
+                .unwrap();
+            keys.into_iter().map(move |k| (i, k))
+        })
+        .collect();
+    let names: std::collections::BTreeSet<&str> = found.iter().map(|(_, k)| k.as_str()).collect();
+    for k in ["rl:{region.0}", "rl:{region.0}:leader"] {
+        assert!(names.contains(k), "{k} not in the cluster: {found:?}");
+    }
+    assert!(
+        found
+            .iter()
+            .all(|(i, k)| *i == found[0].0 && slot(k.as_bytes()) == slot(b"region.0")),
+        "{found:?}"
+    );
     // Half of 300/s burst 30 is the cluster region's: 15 at once, then 150/s of refill.
     let mut seen = Vec::new();
     let started = Instant::now();
@@ -554,6 +577,11 @@ async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
     let own = Server::start(Flavor::Redis);
     let silent = Server::start(Flavor::Redis);
     let _hole = Blackhole::ports(&[silent.port]);
+    // The fault is real: a connect to the silent server is not answered.
+    let fresh = redis::Client::open(silent.url())
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_millis(300));
+    assert!(fresh.is_err(), "the blackholed server answered");
     let tasks = || {
         tokio::runtime::Handle::current()
             .metrics()

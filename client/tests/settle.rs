@@ -115,9 +115,6 @@ where
 /// Module and script settle the same way, field for field, on the same sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_module_settle_alike() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
     for flavor in Flavor::ALL {
         let s = Server::start(flavor);
         let mut c = s.conn();
@@ -201,9 +198,6 @@ fn hourly() -> Policy {
 /// holds there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settling_during_an_outage_charges_the_local_bucket() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
     let mut s = Server::start(Flavor::Redis);
     let l = pod(&s, 50).build().unwrap();
     let p = hourly();
@@ -219,7 +213,10 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
     );
     let d = l.check_one(&p, "key-5", 1).await.unwrap();
     assert_eq!(d.source, Source::LocalFallback);
-    assert!(!d.is_allowed(), "the local debt must refuse the next check");
+    // 290 charged past a full bucket of 100: 190 owed at 100 an hour, not merely empty
+    // (an empty bucket would refuse for 36 s).
+    let wait = d.retry_after().expect("refused until the debt is repaid");
+    assert!(wait > Duration::from_secs(3_600), "{wait:?}");
 }
 
 /// A reservation the local fallback admitted is settled on that local bucket even once the
@@ -227,9 +224,6 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
 /// other pods take more than the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_back() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
     let mut s = Server::start(Flavor::Redis);
     let (a, b) = (pod(&s, 50).build().unwrap(), pod(&s, 500).build().unwrap());
     let p = hourly();
@@ -272,9 +266,6 @@ async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_ba
 /// so its settlement is dropped and reported as fail-open (not fail-closed: nothing refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_local_fallback_an_outage_settlement_is_dropped_as_fail_open() {
-    if std::env::var("REDIS_URL").is_ok() {
-        return;
-    }
     let mut s = Server::start(Flavor::Redis);
     let l = pod(&s, 50).without_local_fallback().build().unwrap();
     let p = llm();

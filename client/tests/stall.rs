@@ -68,14 +68,25 @@ async fn a_short_stall_costs_a_short_fallback() {
             .arg("WRITE")
             .query(&mut s.conn())
             .unwrap();
+        // The stall is real: a write waits it out.
+        let write = Instant::now();
+        let _: () = redis::cmd("SET")
+            .arg("probe")
+            .arg(1)
+            .query(&mut s.conn())
+            .unwrap();
+        let held = write.elapsed();
         for t in tasks {
             t.await.unwrap();
         }
 
         let seen = seen.lock().unwrap();
         let during = paused_at..paused_at + PAUSE;
-        // The fault is real: checks sent during the pause timed out to the local bucket, and
-        // the breaker opened.
+        assert!(
+            held >= PAUSE / 2,
+            "{flavor:?}: a write waited only {held:?}"
+        );
+        // Checks sent during the pause timed out to the local bucket, and the breaker opened.
         assert!(
             seen.iter()
                 .any(|(at, src)| during.contains(at) && *src == Source::LocalFallback),

@@ -26,8 +26,15 @@ fuzz_target!(|data: &[u8]| {
         u64::from_le_bytes(word) >> 1
     };
     // The integer parser reads bytes as `str::parse` reads text.
-    let parsed = std::str::from_utf8(amount).ok().and_then(|s| s.parse::<i64>().ok());
+    let parsed = std::str::from_utf8(amount)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok());
     assert_eq!(args::delta(amount).ok(), parsed);
+    // A cost is a delta that is not negative.
+    assert_eq!(
+        args::cost(amount).ok(),
+        parsed.and_then(|v| u64::try_from(v).ok())
+    );
     let Ok(limit) = args::limit(rate, burst) else {
         return;
     };
