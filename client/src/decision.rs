@@ -83,9 +83,9 @@ pub struct PolicyOutcome {
     /// Its verdict (an allowed policy in a refused request had room, but nothing was taken).
     pub verdict: Verdict,
     /// Whole tokens left in its bucket. An answer that did not read the bucket reports it
-    /// full (`burst`, `reset_after` zero): a fail-open admission, or a policy the deny
-    /// cache did not find refused when another one was (the `RateLimit` header leaves
-    /// that one out).
+    /// full (`burst`, `reset_after` zero): a fail-open admission, a policy the deny cache
+    /// did not find refused when another one was (the `RateLimit` header leaves that one
+    /// out), or on a cluster a sharded policy not asked after another one refused.
     pub remaining: u64,
     /// Until its bucket is full again.
     pub reset_after: Duration,

@@ -262,8 +262,11 @@ impl Limiter {
     /// are taken from every bucket or from none (one `RL.CHECKALL`, the subject's buckets
     /// sharing a hash tag).
     ///
-    /// Sharded policies live on other slots and are checked after the others, only if those
-    /// passed: a refusal there leaves the others' tokens taken (it errs on the strict side).
+    /// On one server sharded policies are in the same atomic call. On a cluster their
+    /// sub-buckets live on other slots and are checked after the others, only if those
+    /// passed: a refusal there leaves the others' tokens taken (it errs on the strict side),
+    /// except for a cost no sub-bucket can ever hold, which takes nothing. A sub-bucket not
+    /// asked because a bucket before it refused is reported full.
     ///
     /// Returns an error only for bugs (an `ERR` reply); timeouts and transport failures are
     /// answered by the policies' fail modes.
@@ -530,8 +533,9 @@ impl Limiter {
         Decision::from_outcomes(outcomes, Source::DenyCache)
     }
 
-    /// One `RL.CHECKALL` for the subject's own buckets (`RL.CHECK` for one), then one per
-    /// sharded policy (a peek when the first was refused, so nothing is taken from them).
+    /// One `RL.CHECKALL` for every bucket (`RL.CHECK` for one), atomic. On a cluster a
+    /// sharded policy's sub-bucket is on a slot of its own: the subject's own buckets go
+    /// first, then each sub-bucket (see [`ask_sharded`](Self::ask_sharded)).
     async fn ask_store(
         &self,
         asking: &Mutex<Asking>,
@@ -544,22 +548,31 @@ impl Limiter {
                 return self.ask(asking, &node, &node, &[item(p, p.cost)]).await;
             }
         }
+        // No sharded policy, or one server (no slots to keep apart): one atomic call.
+        if self.inner.store.is_single() || planned.iter().all(|p| p.policy.shards() == 1) {
+            let items: Vec<Item<'_>> = planned.iter().map(|p| item(p, p.cost)).collect();
+            return self.ask(asking, &node, &node, &items).await;
+        }
+        // A cost over a sub-bucket's burst can never pass: the subject's own buckets are
+        // then only peeked at, so nothing is taken for it.
+        let impossible = planned
+            .iter()
+            .any(|p| p.policy.shards() > 1 && p.cost > p.policy.bucket_limit().burst());
         let main: Vec<Item<'_>> = planned
             .iter()
             .filter(|p| p.policy.shards() == 1)
-            .map(|p| item(p, p.cost))
+            .map(|p| item(p, if impossible { 0 } else { p.cost }))
             .collect();
-        // No sharded policy: one call, its replies as they are.
-        if main.len() == planned.len() {
-            return self.ask(asking, &node, &node, &main).await;
-        }
         // Boxed: the state of its calls would otherwise be carried by every check's
         // future, the common case's too.
         Box::pin(self.ask_sharded(asking, &node, planned, &main)).await
     }
 
-    /// [`ask_store`](Self::ask_store) with a sharded policy: `main`, the others' items,
-    /// first, then each sub-bucket.
+    /// [`ask_store`](Self::ask_store) with a sharded policy on a cluster: `main`, the
+    /// others' items, first, then each sub-bucket until one refuses. Once a bucket has
+    /// refused, the rest are not asked (nothing would be taken from them, and a failure
+    /// there must not turn the store's refusal into the fail mode's answer): they are
+    /// reported full.
     async fn ask_sharded(
         &self,
         asking: &Mutex<Asking>,
@@ -581,12 +594,14 @@ impl Limiter {
                     .next()
                     .ok_or_else(|| StoreError::Protocol("missing reply".into()))?;
                 replies.push(r);
+            } else if !passed {
+                let burst = p.policy.bucket_limit().burst();
+                replies.push([1, i64::try_from(burst).unwrap_or(i64::MAX), 0, 0]);
             } else {
-                let cost = if passed { p.cost } else { 0 };
                 // A sub-bucket lives on its own slot, maybe another node.
                 let shard_node = self.inner.store.route(&p.key).ok_or_else(not_connected)?;
                 let r = self
-                    .ask(asking, node, &shard_node, &[item(p, cost)])
+                    .ask(asking, node, &shard_node, &[item(p, p.cost)])
                     .await?;
                 let r = r
                     .first()

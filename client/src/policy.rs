@@ -200,8 +200,8 @@ impl PolicyBuilder {
     /// requests at 80% of the rate (under 2% at 90%; 45% with 1-token shards). One request
     /// then costs at most `burst / n` tokens (one sub-bucket's): more is
     /// [`Verdict::ExceedsBurst`](crate::Verdict::ExceedsBurst).
-    /// For hot keys that would otherwise load one node. Not atomic with the request's other
-    /// policies (see [`Limiter::check`](crate::Limiter::check)).
+    /// For hot keys that would otherwise load one node. On a cluster, not atomic with the
+    /// request's other policies (see [`Limiter::check`](crate::Limiter::check)).
     pub fn shards(mut self, n: u32) -> Self {
         self.shards = n;
         self

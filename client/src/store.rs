@@ -109,6 +109,11 @@ impl Store {
         Ok(Self::new(Target::Cluster(cluster), force_script))
     }
 
+    /// One server: every key in one call, whatever its slot.
+    pub(crate) fn is_single(&self) -> bool {
+        matches!(self.target, Target::Single(_))
+    }
+
     /// The node serving `key` (for a cluster: none until the topology is known, or if no
     /// node serves the slot; then a topology read is asked for).
     pub(crate) fn route(&self, key: &str) -> Option<Arc<Node>> {

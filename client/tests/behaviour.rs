@@ -106,6 +106,38 @@ async fn several_policies_are_all_or_nothing() {
     }
 }
 
+/// On one server a sharded policy's sub-bucket is checked in the same atomic call as the
+/// subject's other buckets: a refusal by the sub-bucket takes nothing from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_policy_is_all_or_nothing_with_the_others_on_one_server() {
+    for t in backends("cshard") {
+        let l = limiter(&t);
+        let api = slow("api", 10);
+        // Two sub-buckets of 10, hourly: drained by 10 at a time, nothing refills.
+        let hot = Policy::builder("hot")
+            .per_hour(20)
+            .burst(20)
+            .shards(2)
+            .build()
+            .unwrap();
+        let mut drained = 0;
+        for _ in 0..40 {
+            drained += usize::from(l.check_one(&hot, "k1", 10).await.unwrap().is_allowed());
+        }
+        assert_eq!(drained, 2, "{}: both sub-buckets drained", t.name);
+        let d = l.check("k1", &[(&api, 1), (&hot, 1)]).await.unwrap();
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (Source::Store, false),
+            "{}",
+            t.name
+        );
+        assert_eq!(d.policy.name(), "hot", "{}", t.name);
+        let d = l.check_one(&api, "k1", 0).await.unwrap();
+        assert_eq!(d.remaining, 10, "{}: api was charged", t.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weighted_cost_and_cost_above_burst() {
     for t in backends("cweight") {

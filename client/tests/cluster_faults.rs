@@ -3,7 +3,7 @@
 //! back, a slot being migrated, one check meeting a recovering node and a silent one, and
 //! settlements over several nodes.
 
-use redis_ratelimit_client::{slot, KeyLayout, Limiter, Policy, Source};
+use redis_ratelimit_client::{slot, KeyLayout, Limiter, Policy, Source, Verdict};
 use redis_ratelimit_testkit::*;
 use std::time::{Duration, Instant};
 
@@ -596,6 +596,70 @@ async fn a_check_led_by_a_sharded_policy_asks_the_subjects_node() {
         (calls(0), calls(2), rejected_calls(&nodes[2], "rl.check")),
         (20, 20, 0)
     );
+}
+
+/// The subject's own bucket refuses; the sharded policy's node is stalled. The store's
+/// refusal stands: the sub-bucket is not asked (it would only have been peeked at), so its
+/// node's stall cannot turn the refusal into a local admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_stands_while_a_sub_buckets_node_stalls() {
+    let nodes = start_cluster(Flavor::Valkey);
+    let timeout = Duration::from_millis(100);
+    let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+        .timeout(timeout)
+        .probe_interval(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    assert!(l.ready(Duration::from_secs(10)).await);
+    let (_, hot) = plain_and_hot();
+    let plain = Policy::builder("plain")
+        .per_hour(1)
+        .burst(1)
+        .build()
+        .unwrap();
+    let subject = subject_on(0, 2);
+    assert!(l.check_one(&plain, &subject, 1).await.unwrap().is_allowed());
+    let mut probe = nodes[2].conn();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let paused = pause(&nodes[2], Duration::from_secs(1));
+    let d = l.check(&subject, &[(&plain, 1), (&hot, 1)]).await.unwrap();
+    // The fault is real: node 2 was still paused when the check returned.
+    let still: Result<String, _> = redis::cmd("PING").query(&mut probe);
+    assert!(
+        still.is_err(),
+        "node 2 answered {:?} after the pause",
+        paused.elapsed()
+    );
+    assert_eq!((d.source, d.is_allowed()), (Source::Store, false), "{d:?}");
+    assert_eq!(d.policy.name(), "plain");
+}
+
+/// A cost above a sub-bucket's burst can never pass: the subject's other buckets are not
+/// charged for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_over_a_sub_buckets_burst_charges_nothing() {
+    let nodes = start_cluster(Flavor::Valkey);
+    let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    assert!(l.ready(Duration::from_secs(10)).await);
+    let plain = Policy::builder("plain")
+        .per_hour(10)
+        .burst(10)
+        .build()
+        .unwrap();
+    let (_, hot) = plain_and_hot(); // two sub-buckets of 500
+    let subject = subject_on(0, 2);
+    let d = l
+        .check(&subject, &[(&plain, 1), (&hot, 501)])
+        .await
+        .unwrap();
+    assert_eq!(d.verdict, Verdict::ExceedsBurst, "{d:?}");
+    let d = l.check_one(&plain, &subject, 0).await.unwrap();
+    assert_eq!(d.remaining, 10, "plain was charged");
 }
 
 /// `rejected_calls=` of a command in `INFO commandstats` (redirections count there).
