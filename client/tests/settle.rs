@@ -112,6 +112,48 @@ where
     false
 }
 
+/// An actual cost past the deepest debt a bucket can hold (about 6.3 years of refill) is
+/// charged up to that debt, the same on every backend, not refused with nothing charged
+/// (a response's usage header is not the caller's to bound). The request's other policies
+/// settle as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_past_the_deepest_debt_is_capped_not_dropped() {
+    for t in backends("llmcap") {
+        let l = limiter(&t);
+        let hourly = Policy::builder("hourly")
+            .per_hour(1_000)
+            .burst(1_000)
+            .build()
+            .unwrap();
+        let minute = Policy::builder("minute")
+            .per_minute(100)
+            .burst(100)
+            .build()
+            .unwrap();
+        let r = l
+            .reserve("key-cap", &[(&hourly, 1), (&minute, 50)])
+            .await
+            .unwrap();
+        assert!(r.is_allowed(), "{}", t.name);
+        let d = r.settle_each(&[u64::MAX, 0]).await.unwrap();
+        assert_eq!(d.source, Source::Store, "{}", t.name);
+        let wait = l
+            .check_one(&hourly, "key-cap", 1)
+            .await
+            .unwrap()
+            .retry_after()
+            .expect("in debt");
+        assert!(
+            wait > Duration::from_secs(5 * 365 * 86_400),
+            "{}: {wait:?}",
+            t.name
+        );
+        // The other policy's estimate was refunded.
+        let m = l.check_one(&minute, "key-cap", 0).await.unwrap();
+        assert!(m.remaining >= 99, "{}: {m:?}", t.name);
+    }
+}
+
 /// Module and script settle the same way, field for field, on the same sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_module_settle_alike() {

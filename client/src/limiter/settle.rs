@@ -10,6 +10,7 @@ use crate::reservation::Held;
 use crate::store::{Reply, SettleItem};
 use crate::{Decision, Error, FailMode, PolicyOutcome, Source, Verdict};
 use futures_util::future::join_all;
+use redis_ratelimit_core::{Limit, MAX_LEAD_TICKS};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ impl Limiter {
                 key: &h.key,
                 rate: h.policy.bucket_rate_arg(),
                 burst: h.policy.bucket_limit().burst(),
-                delta,
+                delta: delta.min(deepest_charge(h.policy.bucket_limit())),
             })
             .collect();
         let at_groups = store.settle_groups(&items);
@@ -270,4 +271,13 @@ fn set<T>(v: &mut [Option<T>], i: usize, x: T) {
     if let Some(slot) = v.get_mut(i) {
         *slot = Some(x);
     }
+}
+
+/// The largest charge the store takes from an empty bucket: more would put it further in
+/// debt than [`MAX_LEAD_TICKS`] and be refused, charging nothing. The work was done either
+/// way, so a larger actual cost is charged up to that debt instead (as the local buckets
+/// do).
+fn deepest_charge(limit: &Limit) -> i64 {
+    let most = MAX_LEAD_TICKS / limit.interval_ticks();
+    i64::try_from(most.saturating_sub(limit.burst())).unwrap_or(i64::MAX)
 }
