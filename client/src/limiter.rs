@@ -683,15 +683,19 @@ impl Limiter {
                         retry_after: Duration::from_millis(r as u64),
                     },
                 };
-                if let Verdict::Denied { retry_after } = verdict {
-                    self.inner.deny.insert(
+                // A key listed twice in one call was refused after its own provisional
+                // take: that wait is not the bucket's, so it is not cached.
+                let once = || planned.iter().filter(|q| q.key == p.key).count() == 1;
+                match verdict {
+                    Verdict::Denied { retry_after } if once() => self.inner.deny.insert(
                         &p.key,
                         *p.policy.bucket_limit(),
                         p.cost,
                         now,
                         retry_after,
                         reset_after,
-                    );
+                    ),
+                    _ => {}
                 }
                 // A sub-bucket holds 1/shards of the policy: scale back for reporting.
                 let remaining = remaining.max(0) as u64 * u64::from(p.policy.shards());

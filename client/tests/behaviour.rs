@@ -106,6 +106,31 @@ async fn several_policies_are_all_or_nothing() {
     }
 }
 
+/// A policy listed twice in one check is refused together (all or nothing), but its wait
+/// then counts the first listing's provisional take: it is not cached, so the same cost
+/// alone is asked of the store, which still holds the tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_listed_twice_leaves_no_cached_refusal() {
+    for t in backends("ctwice") {
+        let l = limiter(&t);
+        let p = slow("api", 4);
+        let d = l.check("k1", &[(&p, 3), (&p, 3)]).await.unwrap();
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (Source::Store, false),
+            "{}",
+            t.name
+        );
+        let d = l.check_one(&p, "k1", 3).await.unwrap();
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (Source::Store, true),
+            "{}",
+            t.name
+        );
+    }
+}
+
 /// On one server a sharded policy's sub-bucket is checked in the same atomic call as the
 /// subject's other buckets: a refusal by the sub-bucket takes nothing from them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
