@@ -207,9 +207,14 @@ impl Server {
             };
             match server.wait_ready() {
                 Ok(()) => return server,
-                // The port was taken between `free_port` and the bind: try another.
-                Err(NotReady::Exited(log)) if log.contains("in use") && attempts < 5 => {
-                    eprintln!("{flavor:?}: port {port} taken, trying another; log:\n{log}");
+                // The port was taken between `free_port` and the bind, or (cluster mode)
+                // is above 55535, where its cluster bus port (+10 000) would not fit: try
+                // another.
+                Err(NotReady::Exited(log))
+                    if (log.contains("in use") || log.contains("port number too high"))
+                        && attempts < 5 =>
+                {
+                    eprintln!("{flavor:?}: port {port} unusable, trying another; log:\n{log}");
                     // Keep the directory for the next attempt.
                     let _ = std::mem::take(&mut server.dir);
                 }
