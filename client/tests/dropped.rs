@@ -149,10 +149,11 @@ async fn a_silently_dropped_background_connection_is_replaced() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // Through a new connection: the pod's only one is no longer the blackholed one.
+    // Through a new connection: besides ours, only the pod connects, and the server lists
+    // one it did not have before (the blackholed one may linger there: the server never
+    // heard it close).
     let now = s.client_ports(&mut admin);
-    assert_eq!(now.len(), 1, "{now:?}");
-    assert!(!dead.contains(&now[0]), "{now:?}");
+    assert!(now.iter().any(|p| !dead.contains(p)), "{now:?}");
     eprintln!("beats landing again {recovered:?} after the drop");
     drop(hole);
 }
