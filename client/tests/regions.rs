@@ -607,3 +607,82 @@ async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
     // The sync task, the limiter's own, and at most one connect.
     assert!(added <= 6, "{added} tasks alive after 3 s of silence");
 }
+
+/// A region's leader gone while a peer is unreadable: the pod that takes the lease over
+/// leads from the record (its share held), not from a first round that has measured no
+/// demand yet (which read as none, cut the region to an even split, and rule 3 then kept it
+/// there for as long as the peer stayed unreadable). Sampled every 10 ms, the leader's own
+/// share never lapses to the floor either (its rounds, each slowed by the unreadable peer's
+/// timeout, used to let its lease run out for a moment every round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_keeps_the_share_while_a_peer_is_unreadable() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let urls: Vec<String> = servers.iter().map(Server::url).collect();
+    let p = policy();
+    let pod = |r: usize| {
+        RegionalLimiter::builder(r, urls.clone())
+            .policy(&p)
+            .rebalance_period(Duration::from_millis(800))
+            .limiter(|b| b.timeout(Duration::from_millis(300)))
+            .build()
+            .unwrap()
+    };
+    let mut region0 = vec![pod(0), pod(0)];
+    let _others = [pod(1), pod(2)];
+    // All the demand in region 0, through both its pods: its share grows toward 0.9.
+    let drive = |pods: Vec<RegionalLimiter>, until: Instant| {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let mut i = 0usize;
+            while Instant::now() < until {
+                let _ = pods[i % pods.len()].check_one(&p, "busy", 1).await;
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let load = drive(region0.clone(), deadline);
+    while region0.iter().any(|l| l.share("api").unwrap_or(0.0) < 0.7) {
+        assert!(Instant::now() < deadline, "region 0 never grew");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let grown = region0[0].share("api").unwrap();
+    // Region 2 goes silent, then region 0's leader goes.
+    let mut probe = servers[2].conn();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    servers[2].signal("STOP");
+    let stopped: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
+    let leader = region0.iter().position(RegionalLimiter::is_leader);
+    let survivor = match leader {
+        Some(i) => region0.remove(1 - i),
+        None => {
+            servers[2].signal("CONT");
+            panic!("region 0 has no leader");
+        }
+    };
+    load.abort();
+    drop(region0);
+    let until = Instant::now() + Duration::from_secs(8);
+    let load = drive(vec![survivor.clone()], until);
+    let mut lowest = f64::MAX;
+    let mut led = false;
+    while Instant::now() < until {
+        if survivor.is_leader() {
+            led = true;
+            lowest = lowest.min(survivor.share("api").unwrap_or(0.0));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    servers[2].signal("CONT");
+    load.abort();
+    assert!(stopped.is_err(), "region 2 answered while stopped");
+    assert!(led, "the surviving pod never took the lead");
+    assert!(
+        lowest >= grown - 0.05,
+        "the new leader cut region 0 from {grown} to {lowest}"
+    );
+}

@@ -160,7 +160,7 @@ pub(crate) struct Publication<'a> {
 const LEASE_LUA: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
 return 0";
 
 /// The leader's write: `KEYS` the record and the leader key; `ARGV` the pod id, the number
@@ -177,6 +177,9 @@ return 1";
 #[derive(Debug)]
 pub(crate) struct OwnRound {
     pub(crate) leader: bool,
+    /// The lease was free and this round took it (rather than renewing it): whatever this
+    /// pod knew from leading before is stale, another may have led in between.
+    pub(crate) took_lease: bool,
     pub(crate) record: Record,
     /// Cumulative offered cost per policy, all pods of the region.
     pub(crate) offered: HashMap<String, u64>,
@@ -240,7 +243,8 @@ impl RegionStore {
         let (leader, record, counters): (i64, HashMap<String, String>, HashMap<String, u64>) =
             pipe.query_async(&mut self.conn.live().await?).await?;
         Ok(OwnRound {
-            leader: leader == 1,
+            leader: leader >= 1,
+            took_lease: leader == 2,
             record: Record(record),
             offered: counters,
         })
@@ -353,7 +357,12 @@ mod tests {
         };
         let lease = Duration::from_secs(10);
         let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
-        assert!(round.leader, "pod a takes the free lease");
+        assert!(
+            round.leader && round.took_lease,
+            "pod a takes the free lease"
+        );
+        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        assert!(round.leader && !round.took_lease, "and renews it");
         assert!(store
             .publish(&[figures(600_000, vec![])], "a")
             .await
@@ -376,6 +385,14 @@ mod tests {
         let stale = figures(900_000, vec![0xab]);
         assert!(!store.publish(&[stale], "a").await.unwrap());
         assert_eq!(read().await, (Some(300_000), Some(1)));
+        // Pod b's lease runs out too, and pod a takes it back: taken, not renewed, so it
+        // leads from the record (b's figures), not from what it knew before.
+        let _: () = redis::cmd("DEL")
+            .arg(&store.leader_key)
+            .query(&mut c)
+            .unwrap();
+        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        assert!(round.leader && round.took_lease);
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {

@@ -130,12 +130,15 @@ pub(crate) async fn run(shared: Weak<Shared>, stores: Vec<RegionStore>) {
     let mut state = State::default();
     loop {
         let Some(sh) = shared.upgrade() else { return };
+        let began = tokio::time::Instant::now();
         round(&sh, &stores, &pod_id, &mut state).await;
         let tick = sh.settings.tick();
         drop(sh);
-        // ±10% so the regions' rounds do not stay in lock step.
+        // A tick from the round's start, not its end (±10% so the regions' rounds do not
+        // stay in lock step): a round slowed by an unreadable peer (a whole timeout) must
+        // not push the next one past the lease on the shares it renews.
         let jitter = rand::random_range(0.9..1.1);
-        tokio::time::sleep(tick.mul_f64(jitter)).await;
+        tokio::time::sleep_until(began + tick.mul_f64(jitter)).await;
     }
 }
 
@@ -208,6 +211,19 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         }
         return;
     }
+    // A lease taken rather than renewed: another pod may have led meanwhile (this one
+    // stalled past its lease), so what this one knew is stale; lead from the record.
+    if answer.took_lease && state.leading.is_some() {
+        step_down(sh, state);
+    }
+    // This pod's own store answered, and only this pod changes the region's shares: the
+    // shares it applies stay good from this round's start, as a follower's do. (Applied
+    // only at the end of the round, after the peers' reads, they lapsed to the floor for
+    // a tick of every round while a peer could not be read.)
+    for (_, slot) in &slots {
+        let mut applied = slot.applied();
+        applied.valid_until = applied.valid_until.max(valid_until);
+    }
     let now = Instant::now();
     let leading = state.leading.get_or_insert_with(|| {
         sh.leader.store(true, Relaxed);
@@ -238,6 +254,14 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         leading.subjects.insert(
             name.clone(),
             entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
+        );
+        // The region's demand as last published, until this leader has measured its own.
+        leading.meters.insert(
+            name.clone(),
+            Meter {
+                last: None,
+                smoothed: f.demand,
+            },
         );
         let split = Split::restore(
             (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
@@ -300,12 +324,20 @@ async fn lead(
     }
     sh.rebalances.fetch_add(1, Relaxed);
     take_hot(sh, &stores[me], slots, l, now).await;
+    // Targets only once this leader has read every peer: a peer's demand it has not seen
+    // would count as none and move the shares on nothing (for good while the peer stays
+    // unreadable, as rule 3 then keeps a cut region from growing back). Its own region's
+    // demand starts from the record (see the restore). Meanwhile the restored shares stand.
+    let peers_read = (0..sh.regions).all(|q| q == me || l.peers[q].is_some());
     for (name, slot) in slots {
         let Some(split) = l.splits.get_mut(name) else {
             continue;
         };
         let removed = split.prune(now);
         l.removed.entry(name.clone()).or_default().extend(removed);
+        if !peers_read {
+            continue;
+        }
         let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
         let subjects = l.subjects.get(name);
         // Hot here: a large part of the region's demand, and at least what the floor serves.
