@@ -337,8 +337,12 @@ fn decode(expire: c_longlong, value: &[u8]) -> Result<u64, RedisError> {
         .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
 }
 
-/// Sets the module option under which a key opened for writing is signalled as modified only
-/// when `Bucket::write` says so (see `Bucket`); called from the module's `OnLoad`.
+/// Sets the module options: a key opened for writing is signalled as modified only when
+/// `Bucket::write` says so (see `Bucket`), and the module handles asynchronous replica
+/// loading (`repl-diskless-load swapdb`, where a replica serves reads while it loads: the
+/// module keeps no state about the keyspace and its commands are writes, which a replica
+/// refuses anyway). Without the latter a replica with the module loaded will not load
+/// disklessly at all. Called from the module's `OnLoad`.
 pub fn signal_writes_explicitly(ctx: &Context) -> Result<(), RedisError> {
     let set_options = api!(RedisModule_SetModuleOptions)?;
     // Fail at load, not on the first write, on a server without it.
@@ -347,7 +351,8 @@ pub fn signal_writes_explicitly(ctx: &Context) -> Result<(), RedisError> {
     unsafe {
         set_options(
             ctx.ctx,
-            raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+            (raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+                | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD) as c_int,
         )
     };
     Ok(())

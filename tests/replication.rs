@@ -179,3 +179,47 @@ fn rdb_reload_restores_identical_buckets() {
         assert_eq!(rl_check(&mut c, &keys[2], SLOW, 5, 0).0, 1);
     }
 }
+
+/// A replica set to load the primary's snapshot straight into memory
+/// (`repl-diskless-load swapdb`) still does with the module loaded: the module declares it
+/// handles asynchronous loading, which the server otherwise requires of every module before
+/// it will (it wrote the snapshot to disk first), and the buckets arrive the same.
+#[test]
+fn a_replica_loads_the_snapshot_disklessly_with_the_module() {
+    for flavor in Flavor::selected() {
+        let primary = Server::start_with(
+            flavor,
+            true,
+            &[
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+        );
+        let mut p = primary.conn();
+        let keys = workload(&mut p);
+        let want = snapshot(&mut p, &keys);
+        let port = primary.port.to_string();
+        let replica = Server::start_with(
+            flavor,
+            true,
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                "--repl-diskless-load",
+                "swapdb",
+            ],
+        );
+        let mut r = replica.conn();
+        wait_link_up(&mut r);
+        let log = replica.log();
+        assert!(!log.contains("not aware of async"), "{flavor:?}: {log}");
+        assert!(
+            log.contains("EOF to parser"),
+            "{flavor:?}: not diskless: {log}"
+        );
+        assert_eq!(snapshot(&mut r, &keys), want, "{flavor:?}");
+    }
+}
