@@ -44,7 +44,8 @@ pub(crate) type KeyName = *mut raw::RedisModuleString;
 /// Created at load (about 2 MB, once per server) rather than on first use: creating one costs
 /// more than a whole check, and a busy server would otherwise pay it on ~10 000 checks of each
 /// linger class. Load fills the pool through `ValuePool::get` and fails if any value cannot be
-/// created, so a command always finds its value there.
+/// created, so a command always finds its value there. A server that stores values by `SET`
+/// never uses them, and gets none.
 #[derive(Debug)]
 pub struct ValuePool {
     /// Null until created. Only the main thread (at load, or inside a command) reads or writes
@@ -152,7 +153,9 @@ impl ValuePool {
         if pxat.is_null() {
             return Err(RedisError::Str("could not allocate value pool"));
         }
-        let values = (0..VALUES)
+        // Only where keys will share them: on a server that stores values by `SET` they
+        // are never used (2 MB for nothing).
+        let values = (0..if shareable { VALUES } else { 0 })
             .map(|_| AtomicPtr::new(ptr::null_mut()))
             .collect();
         // Lost race impossible (OnLoad runs once on the main thread); ignore it anyway.
@@ -161,8 +164,10 @@ impl ValuePool {
             pxat: AtomicPtr::new(pxat),
             shareable,
         });
-        for value in 0..VALUES {
-            Self::get(value)?;
+        if shareable {
+            for value in 0..VALUES {
+                Self::get(value)?;
+            }
         }
         Ok(())
     }

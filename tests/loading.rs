@@ -36,3 +36,36 @@ fn module_list_names_the_module_and_its_file() {
         );
     }
 }
+
+/// The 50 000 shared values (about 2 MB) are made at load only on a server that shares
+/// them; one that stores values by `SET` (Valkey 8.1+) never uses them, and loads without.
+#[test]
+fn the_value_pool_is_built_only_where_values_are_shared() {
+    let used = |s: &Server| -> i64 {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut s.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    for flavor in Flavor::selected() {
+        let (with, without) = (
+            Server::start_with(flavor, true, &[]),
+            Server::start_with(flavor, false, &[]),
+        );
+        let pool = used(&with) - used(&without);
+        eprintln!("{flavor:?}: the module's memory at load: {pool} B");
+        if with.log().contains("bucket values shared") {
+            assert!(pool > 1_500_000, "{flavor:?}: {pool} B");
+        } else {
+            assert!(
+                with.log().contains("bucket values stored by SET"),
+                "{flavor:?}"
+            );
+            assert!(pool < 500_000, "{flavor:?}: {pool} B for values never used");
+        }
+    }
+}
