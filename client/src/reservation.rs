@@ -18,6 +18,17 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// Settles at the region's share as it is now, not as it was when reserved: the bucket
+    /// holds time, which that share turns into tokens. At the old share a charge after the
+    /// region shrank would be undercharged while its peers grew into the rest (and a refund
+    /// after it grew, overpaid); at the current one the bucket never gives more than the
+    /// share the peers leave it.
+    fn at_current_share(&mut self) {
+        if let Some(d) = &self.demand {
+            self.policy = (d.current.0)();
+        }
+    }
+
     /// Corrects the counted demand to the `actual` cost from the estimate.
     fn count(&self, actual: u64) {
         let Some(demand) = &self.demand else { return };
@@ -42,6 +53,18 @@ impl Held {
 pub(crate) struct Demand {
     pub(crate) counter: Arc<AtomicU64>,
     pub(crate) cap: u64,
+    /// The policy at the region's share as it is now.
+    pub(crate) current: CurrentShare,
+}
+
+/// Gives the policy at a region's share for one subject, as it is when called.
+#[derive(Clone)]
+pub(crate) struct CurrentShare(pub(crate) Arc<dyn Fn() -> Policy + Send + Sync>);
+
+impl std::fmt::Debug for CurrentShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CurrentShare")
+    }
 }
 
 impl Demand {
@@ -119,7 +142,7 @@ impl Reservation {
 
     /// Settles each policy at its own actual cost, in the order they were reserved.
     pub async fn settle_each(mut self, actual: &[u64]) -> Result<Decision, Error> {
-        let held = std::mem::take(&mut self.held);
+        let mut held = std::mem::take(&mut self.held);
         if held.is_empty() {
             return Ok(self.decision.clone());
         }
@@ -137,8 +160,9 @@ impl Reservation {
             .zip(actual)
             .map(|(h, &a)| signed(a).saturating_sub(signed(h.estimate)))
             .collect();
-        for (h, &a) in held.iter().zip(actual) {
+        for (h, &a) in held.iter_mut().zip(actual) {
             h.count(a);
+            h.at_current_share();
         }
         let at_store = self.taken_at_store();
         self.limiter.settle_held(&held, &deltas, at_store).await
@@ -154,14 +178,15 @@ impl Drop for Reservation {
         if self.held.is_empty() {
             return;
         }
-        let held = std::mem::take(&mut self.held);
+        let mut held = std::mem::take(&mut self.held);
         let limiter = self.limiter.clone();
         let at_store = self.taken_at_store();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
-                for h in &held {
+                for h in &mut held {
                     h.count(0);
+                    h.at_current_share();
                 }
                 if let Err(e) = limiter.settle_held(&held, &deltas, at_store).await {
                     tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");

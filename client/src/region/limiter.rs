@@ -8,7 +8,7 @@ use super::split::Subject;
 use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
-use crate::reservation::Demand;
+use crate::reservation::{CurrentShare, Demand};
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy, Reservation};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -423,9 +423,13 @@ impl RegionalLimiter {
         let mut demand = Vec::with_capacity(policies.len());
         for &(policy, cost) in policies {
             let slot = self.slot(policy)?;
+            let current = Arc::clone(&slot);
             let counter = Demand {
                 counter: Arc::clone(&slot.offered),
                 cap: slot.base.burst(),
+                current: CurrentShare(Arc::new(move || {
+                    current.applied().for_subject(x, Instant::now()).clone()
+                })),
             };
             counter.add(cost);
             slot.hot().add(x, counter.counted(cost));
@@ -517,5 +521,55 @@ impl RegionalLimiter {
     /// The limiter on the region's own store (e.g. for [`Limiter::set_pods`]).
     pub fn limiter(&self) -> &Limiter {
         &self.shared.limiter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis_ratelimit_testkit::{Flavor, Server};
+
+    /// A reservation made at one share and settled after the region's share changed is
+    /// charged at the share in force: the bucket holds time, which that share turns into
+    /// tokens (at the old, larger share a charge after a shrink took a tenth of what it
+    /// should, while the peers grew into the rest).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_settlement_charges_at_the_share_in_force() {
+        let server = Server::start(Flavor::Redis);
+        // 10 a second, burst 1000; one region, so it soon holds the whole limit.
+        let p = Policy::builder("api")
+            .per_hour(36_000)
+            .burst(1_000)
+            .build()
+            .unwrap();
+        let l = RegionalLimiter::builder(0, [server.url()])
+            .policy(&p)
+            .rebalance_period(Duration::from_secs(3_600))
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while l.share("api") != Some(1.0) {
+            assert!(Instant::now() < deadline, "{:?}", l.share("api"));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let r = l.reserve("k", &[(&p, 1)]).await.unwrap();
+        assert!(r.is_allowed());
+        // The region shrinks to a tenth: 1 a second, burst 100.
+        let slot = l.slot(&p).unwrap();
+        let tenth = Applied::at(
+            &p,
+            WHOLE / 10,
+            l.shared.settings.floor,
+            Instant::now() + Duration::from_secs(3_600),
+        )
+        .unwrap();
+        *slot.applied() = tenth;
+        assert_eq!(l.share("api"), Some(0.1));
+        // 50 tokens more than reserved: 50 s of the tenth's refill, and the 0.1 s the
+        // estimate took at the whole share.
+        let d = r.settle(51).await.unwrap();
+        assert_eq!(d.source, crate::Source::Store);
+        assert_eq!(d.remaining, 49, "{d:?}");
+        assert_eq!(l.check_one(&p, "k", 0).await.unwrap().remaining, 49);
     }
 }
