@@ -246,7 +246,11 @@ impl RegionalBuilder {
         self
     }
 
-    /// A policy to balance from the start (others are added on their first check).
+    /// A policy to balance from the start (others are added on their first check). Give
+    /// every pod of a region the same policies: the region's leader rebalances only those
+    /// it knows, so a policy only some pods check stays at the floor while another pod
+    /// leads. Services that share a store with different policies need their own
+    /// [`key_prefix`](Self::key_prefix).
     pub fn policy(mut self, policy: &Policy) -> Self {
         self.policies.push(policy.clone());
         self
