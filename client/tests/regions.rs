@@ -527,6 +527,18 @@ async fn a_floor_outside_its_range_is_refused_at_build() {
         .expect_err("refused");
     assert!(e.to_string().contains("at most 1000000"), "{e}");
     assert!(build(1e-9).is_ok(), "a tiny floor is one part per million");
+    // A sync timeout above a tick (a quarter period) would let the shares' leases lapse.
+    let timeout = |t: Duration| {
+        RegionalLimiter::builder(0, urls)
+            .policy(&p)
+            .rebalance_period(Duration::from_secs(2))
+            .sync_timeout(t)
+            .build()
+            .map(|_| ())
+    };
+    let e = timeout(Duration::from_millis(501)).expect_err("refused");
+    assert!(e.to_string().contains("sync_timeout"), "{e}");
+    assert!(timeout(Duration::from_millis(500)).is_ok());
 }
 
 /// A cost no request could pass counts in the region's demand as the policy's burst. The

@@ -240,7 +240,8 @@ impl RegionalBuilder {
     }
 
     /// Longest wait for each store call of the rebalancing (default: a quarter period,
-    /// at most 500 ms). Never on the request path.
+    /// at most 500 ms; more than a quarter period is refused by [`build`](Self::build)).
+    /// Never on the request path.
     pub fn sync_timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = Some(timeout);
         self
@@ -314,6 +315,16 @@ impl RegionalBuilder {
             )));
         }
         settings.floor = ((floor * f64::from(WHOLE)) as u32).clamp(1, WHOLE / regions as u32);
+        // A round makes a few store calls, each up to this timeout, and the shares it
+        // renews last two ticks: a timeout above a tick would let them lapse, and the
+        // leader's lease (four ticks) with them.
+        if settings.timeout.is_some_and(|t| t > settings.tick()) {
+            return Err(Error::Config(format!(
+                "sync_timeout {:?} must be at most a quarter of the rebalance period ({:?})",
+                settings.timeout.unwrap_or_default(),
+                settings.tick()
+            )));
+        }
         let own = match &self.urls[self.region] {
             RegionTarget::Server(url) => Limiter::builder(url.clone()),
             RegionTarget::Cluster(urls) => Limiter::cluster_builder(urls.clone()),
