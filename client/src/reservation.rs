@@ -1,8 +1,8 @@
 //! Reserve an estimate, settle the real cost after the work: [`Limiter::reserve`].
 
+use crate::region::Demand;
 use crate::{Decision, Error, Limiter, Policy, Source};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// One policy of an allowed reservation: where its tokens were taken, and how many.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ impl Held {
     /// share the peers leave it.
     fn at_current_share(&mut self) {
         if let Some(d) = &self.demand {
-            self.policy = (d.current.0)();
+            self.policy = d.policy_now();
         }
     }
 
@@ -34,48 +34,13 @@ impl Held {
         let Some(demand) = &self.demand else { return };
         let (actual, estimate) = (demand.counted(actual), demand.counted(self.estimate));
         if actual >= estimate {
-            demand.counter.fetch_add(actual - estimate, Relaxed);
+            demand.offered().fetch_add(actual - estimate, Relaxed);
         } else {
             // What was counted may have been taken by a sync round already: never below 0.
-            let _ = demand.counter.fetch_update(Relaxed, Relaxed, |n| {
+            let _ = demand.offered().fetch_update(Relaxed, Relaxed, |n| {
                 Some(n.saturating_sub(estimate - actual))
             });
         }
-    }
-}
-
-/// A policy's offered-cost counter (a region's demand), and the most one request counts
-/// in it: the policy's whole burst. A larger cost can never pass, and the cap keeps the
-/// counters (summed on the store with `HINCRBY`, a signed 64-bit integer, never reset)
-/// from overflow for any burst in use: even the largest valid one, 10^15 tokens, would
-/// take ~9 000 requests of that cost.
-#[derive(Debug, Clone)]
-pub(crate) struct Demand {
-    pub(crate) counter: Arc<AtomicU64>,
-    pub(crate) cap: u64,
-    /// The policy at the region's share as it is now.
-    pub(crate) current: CurrentShare,
-}
-
-/// Gives the policy at a region's share for one subject, as it is when called.
-#[derive(Clone)]
-pub(crate) struct CurrentShare(pub(crate) Arc<dyn Fn() -> Policy + Send + Sync>);
-
-impl std::fmt::Debug for CurrentShare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CurrentShare")
-    }
-}
-
-impl Demand {
-    /// What a request of `cost` counts.
-    pub(crate) fn counted(&self, cost: u64) -> u64 {
-        cost.min(self.cap)
-    }
-
-    /// Counts a request of `cost`.
-    pub(crate) fn add(&self, cost: u64) {
-        self.counter.fetch_add(self.counted(cost), Relaxed);
     }
 }
 

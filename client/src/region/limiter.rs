@@ -8,7 +8,6 @@ use super::split::Subject;
 use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
-use crate::reservation::{CurrentShare, Demand};
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy, Reservation};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -61,6 +60,43 @@ pub(crate) struct Slot {
     /// This pod's busiest subjects since the sync task last took them.
     pub(crate) hot: Mutex<HotCounter>,
     pub(crate) applied: Mutex<Applied>,
+}
+
+/// Where a regional request's cost is counted (its policy's offered counter: the region's
+/// demand), and the policy at the region's share for its subject. The most one request
+/// counts is the policy's whole burst: a larger cost can never pass, and the cap keeps the
+/// counters (summed on the store with `HINCRBY`, a signed 64-bit integer, never reset)
+/// from overflow for any burst in use: even the largest valid one, 10^15 tokens, would
+/// take ~9 000 requests of that cost.
+#[derive(Debug, Clone)]
+pub(crate) struct Demand {
+    slot: Arc<Slot>,
+    subject: Subject,
+}
+
+impl Demand {
+    /// What a request of `cost` counts.
+    pub(crate) fn counted(&self, cost: u64) -> u64 {
+        cost.min(self.slot.base.burst())
+    }
+
+    /// Counts a request of `cost`.
+    pub(crate) fn add(&self, cost: u64) {
+        self.offered().fetch_add(self.counted(cost), Relaxed);
+    }
+
+    /// The counter.
+    pub(crate) fn offered(&self) -> &AtomicU64 {
+        &self.slot.offered
+    }
+
+    /// The policy at the region's share for the subject, as it is now.
+    pub(crate) fn policy_now(&self) -> Policy {
+        self.slot
+            .applied()
+            .for_subject(self.subject, Instant::now())
+            .clone()
+    }
 }
 
 /// Subjects a pod's [`HotCounter`] keeps per policy: any subject with more than 1/64 of
@@ -438,13 +474,9 @@ impl RegionalLimiter {
         let mut demand = Vec::with_capacity(policies.len());
         for &(policy, cost) in policies {
             let slot = self.slot(policy)?;
-            let current = Arc::clone(&slot);
             let counter = Demand {
-                counter: Arc::clone(&slot.offered),
-                cap: slot.base.burst(),
-                current: CurrentShare(Arc::new(move || {
-                    current.applied().for_subject(x, Instant::now()).clone()
-                })),
+                slot: Arc::clone(&slot),
+                subject: x,
             };
             counter.add(cost);
             slot.hot().add(x, counter.counted(cost));

@@ -23,6 +23,7 @@ pub mod share;
 mod split;
 mod sync;
 
+pub(crate) use limiter::Demand;
 pub use limiter::{RegionalBuilder, RegionalLimiter};
 
 /// One region's store: a server or a cluster.
