@@ -155,19 +155,16 @@ impl ValuePool {
         }
         // Only where keys will share them: on a server that stores values by `SET` they
         // are never used (2 MB for nothing).
-        let values = (0..if shareable { VALUES } else { 0 })
-            .map(|_| AtomicPtr::new(ptr::null_mut()))
-            .collect();
+        let made = if shareable { VALUES } else { 0 };
+        let values = (0..made).map(|_| AtomicPtr::new(ptr::null_mut())).collect();
         // Lost race impossible (OnLoad runs once on the main thread); ignore it anyway.
         let _ = POOL.set(ValuePool {
             values,
             pxat: AtomicPtr::new(pxat),
             shareable,
         });
-        if shareable {
-            for value in 0..VALUES {
-                Self::get(value)?;
-            }
+        for value in 0..made {
+            Self::get(value)?;
         }
         Ok(())
     }

@@ -70,10 +70,7 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
         append(headers, &RATELIMIT_POLICY, policy);
         append(headers, &RATELIMIT, state);
     }
-    let tighter = headers
-        .get(&X_REMAINING)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_none_or(|theirs| d.remaining < theirs);
+    let tighter = number(headers, &X_REMAINING).is_none_or(|theirs| d.remaining < theirs);
     // The single-policy forms name one policy: another layer's with fewer left stays.
     if style != HeaderStyle::Draft11 && tighter {
         let (limit, remaining, reset) = (d.policy.count(), d.remaining, ceil_secs(d.reset_after));
@@ -91,10 +88,7 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
     if let Verdict::Denied { retry_after } = d.verdict {
         let ours = ceil_secs(retry_after).max(1);
         // Another layer's longer wait stays: retrying earlier would be refused there.
-        let longer = headers
-            .get(&RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .is_some_and(|theirs| theirs >= ours);
+        let longer = number(headers, &RETRY_AFTER).is_some_and(|theirs| theirs >= ours);
         if !longer {
             insert(headers, &RETRY_AFTER, ours.to_string());
         }
@@ -105,6 +99,11 @@ pub(crate) fn write(headers: &mut HeaderMap, d: &Decision, style: HeaderStyle) {
 /// policy of absurd size has one) is written as the largest, so the header still parses.
 fn sf_int(n: u64) -> u64 {
     n.min(999_999_999_999_999)
+}
+
+/// The integer another layer already wrote in `name`, if any.
+fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
 }
 
 /// Adds `value`'s list members after those already in the field, if any.
