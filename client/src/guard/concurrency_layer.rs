@@ -201,9 +201,9 @@ impl Drop for Permit {
 
 /// A `tower::Layer` enforcing an adaptive concurrency limit on HTTP requests: the limit
 /// follows the service's observed latency ([`Gradient`], documented there), and a request
-/// over it (and past the optional queue) is answered with `503 Service Unavailable`, `Retry-After` and a
-/// problem+json body, rather than queued without bound. An optional short FIFO queue absorbs
-/// small bursts.
+/// over it (and past the optional queue) is answered with `503 Service Unavailable`,
+/// `Retry-After` and a problem+json body, rather than queued without bound. An optional
+/// short FIFO queue absorbs small bursts.
 ///
 /// Clones share one limit: apply the same layer (or a clone) wherever the same dependency is
 /// called.
