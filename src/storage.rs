@@ -405,8 +405,10 @@ impl Drop for CallReply {
     }
 }
 
-/// Points the open key at the shared `value` and sets its expiry, then signals the change
-/// (the module option leaves that to the module).
+/// Points the open key at the shared `value` and sets its expiry, signals the change (the
+/// module option leaves that to the module) and fires the keyspace events of the `SET key
+/// value PXAT expiry` it replicates, `set` then `expire`: what a replica applying it fires,
+/// and what the server-encoded path's own `SET` fires. The module API fires none by itself.
 fn write_shared(
     ctx: &Context,
     k: &OpenKey,
@@ -417,18 +419,36 @@ fn write_shared(
     let string_set = api!(RedisModule_StringSet)?;
     let set_expire = api!(RedisModule_SetAbsExpire)?;
     let signal = api!(RedisModule_SignalModifiedKey)?;
+    let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
     // SAFETY: `k` is open for writing; the key takes its own reference to the string.
     if unsafe { string_set(k.0.as_ptr(), value) } != raw::REDISMODULE_OK as c_int {
         return Err(RedisError::Str("ERR could not write the key"));
     }
     // Signalled as soon as the value changed, so that even a failed expiry below cannot leave
     // a changed key unsignalled to WATCH and client tracking.
-    // SAFETY: live context; `name` is the command's argument.
-    unsafe { signal(ctx.ctx, name) };
+    // SAFETY: live context; `name` is the command's argument; literal event names.
+    unsafe {
+        signal(ctx.ctx, name);
+        notify(
+            ctx.ctx,
+            raw::REDISMODULE_NOTIFY_STRING as c_int,
+            c"set".as_ptr(),
+            name,
+        );
+    }
     // SAFETY: `k` is open for writing and now holds a value.
     if unsafe { set_expire(k.0.as_ptr(), expire) } != raw::REDISMODULE_OK as c_int {
         return Err(RedisError::Str("ERR could not set the key's expiry"));
     }
+    // SAFETY: as above.
+    unsafe {
+        notify(
+            ctx.ctx,
+            raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+            c"expire".as_ptr(),
+            name,
+        )
+    };
     Ok(())
 }
 

@@ -1,0 +1,110 @@
+//! Keyspace notifications: a bucket's write fires on the primary the events of the `SET key
+//! value PXAT expiry` it replicates (`set`, then `expire`), exactly as that `SET` fires them
+//! on a replica, whichever way the server keeps the value (shared, or by the server's own
+//! `SET`); a refusal writes nothing and fires nothing.
+
+use redis::{Connection, Msg};
+use redis_ratelimit_testkit::*;
+use std::time::Duration;
+
+/// One per hour: nothing refills while the test runs.
+const PER_HOUR_1: &str = "0.0002777777777777778";
+
+/// `(key, event)` of each message on `__keyspace@0__:*` until the `SET` of `sentinel`.
+fn events_until(ps: &mut redis::PubSub<'_>, sentinel: &str) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    loop {
+        let msg: Msg = ps.get_message().expect("a keyspace event within 5 s");
+        let channel = msg.get_channel_name().to_string();
+        let key = channel
+            .strip_prefix("__keyspace@0__:")
+            .unwrap_or(&channel)
+            .to_string();
+        let event: String = msg.get_payload().unwrap();
+        if key == sentinel {
+            return seen;
+        }
+        seen.push((key, event));
+    }
+}
+
+fn run(c: &mut Connection, args: &[&str]) {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let _: redis::Value = cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+}
+
+fn pair(key: &str, event: &str) -> (String, String) {
+    (key.to_string(), event.to_string())
+}
+
+#[test]
+fn bucket_writes_fire_the_events_of_their_set_and_refusals_none() {
+    // The second configuration turns on an eviction policy, under which every server keeps
+    // the value by its own `SET` (the other write path).
+    let configs: [&[&str]; 2] = [
+        &[],
+        &["--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru"],
+    ];
+    for flavor in Flavor::selected() {
+        for extra in configs {
+            let mut args = vec!["--notify-keyspace-events", "KA"];
+            args.extend_from_slice(extra);
+            let server = Server::start_with(flavor, true, &args);
+            let log = server.log();
+            let layout = if log.contains("bucket values shared") && extra.is_empty() {
+                "shared"
+            } else {
+                "by SET"
+            };
+            let what = format!("{flavor:?} {:?}, values {layout}", server.version());
+
+            let mut sub = server.conn();
+            let mut ps = sub.as_pubsub();
+            ps.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            ps.psubscribe("__keyspace@0__:*").unwrap();
+            let mut c = server.conn();
+            let at = (server_ms(&mut c) + 60_000).to_string();
+
+            // The reference: the SET the module replicates, run by hand.
+            run(&mut c, &["SET", "plain", "1", "PXAT", &at]);
+            // A new bucket, the same bucket again, then a refusal (cost 3 > the 1 left).
+            for cost in ["1", "1", "3"] {
+                run(&mut c, &["RL.CHECK", "b", PER_HOUR_1, "3", cost]);
+            }
+            run(
+                &mut c,
+                &[
+                    "RL.CHECKALL",
+                    "{t}x",
+                    PER_HOUR_1,
+                    "3",
+                    "1",
+                    "{t}y",
+                    PER_HOUR_1,
+                    "3",
+                    "1",
+                ],
+            );
+            // A charge after the fact writes the bucket like a check.
+            run(&mut c, &["RL.SETTLE", "b", PER_HOUR_1, "3", "2"]);
+            run(&mut c, &["SET", "sentinel", "1"]);
+
+            let seen = events_until(&mut ps, "sentinel");
+            let set_pxat = |k: &str| [pair(k, "set"), pair(k, "expire")];
+            let expected: Vec<_> = [
+                set_pxat("plain"),
+                set_pxat("b"),
+                set_pxat("b"),
+                set_pxat("{t}x"),
+                set_pxat("{t}y"),
+                set_pxat("b"),
+            ]
+            .concat();
+            assert_eq!(seen, expected, "{what}");
+            eprintln!("{what}: {} events as expected", seen.len());
+        }
+    }
+}
