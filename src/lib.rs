@@ -3,8 +3,9 @@
 //!
 //! This file only registers the module. The commands' registration, argument parsing and
 //! replies live in [`command`], the key layout, expiry and replication in [`storage`] (with
-//! `layout`: which servers' object header it knows), the `INFO ratelimit` counters in
-//! [`stats`], and the bucket math in the pure `redis-ratelimit-core` crate.
+//! `layout`: which servers' object header it knows), what the module declares to the server
+//! and needs from it in `server`, the `INFO ratelimit` counters in [`stats`], and the bucket
+//! math in the pure `redis-ratelimit-core` crate.
 // Unit tests build without the entry points, so most of the module is unreachable there.
 #![cfg_attr(test, allow(dead_code))]
 #![cfg_attr(
@@ -31,18 +32,22 @@ macro_rules! api {
     };
 }
 
+mod call;
 pub mod command;
 mod eviction;
 mod layout;
 mod limits;
+mod server;
 pub mod stats;
 pub mod storage;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // The server event subscriptions come last: Redis before 7.2.4 keeps a failed module's
     // listeners, which would then call into unloaded code.
-    match storage::signal_writes_explicitly(ctx)
-        .and_then(|()| storage::ValuePool::init(ctx))
+    let server = server::ServerId::read(ctx);
+    match server::declare_options(ctx, &server)
+        .and_then(|()| server::require_commands(ctx))
+        .and_then(|()| storage::ValuePool::init(ctx, &server))
         .and_then(|()| command::register(ctx))
         .and_then(|()| eviction::watch(ctx))
     {

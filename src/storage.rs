@@ -27,6 +27,8 @@
 //!   keyspace, which costs memory until the next write. Both calls show in
 //!   `INFO commandstats` as `set` and `get`.
 
+use crate::call::CallReply;
+use crate::server::ServerId;
 use redis_module::{raw, Context, RedisError};
 use redis_ratelimit_core::stored::{self, VALUES};
 use std::ffi::{c_int, c_longlong, c_uint};
@@ -56,89 +58,16 @@ pub struct ValuePool {
     shareable: bool,
 }
 
-/// The running server as the module identifies it at load: name (from `INFO server`) and
-/// version (`RedisModule_GetServerVersion`, `0x00MMmmpp`).
-#[derive(Debug)]
-struct ServerId {
-    name: Option<String>,
-    version: Option<i32>,
-}
-
-impl ServerId {
-    fn read(ctx: &Context) -> ServerId {
-        let version = api!(RedisModule_GetServerVersion)
-            .ok()
-            // SAFETY: no arguments; present since Redis 6.0.9.
-            .map(|f| unsafe { f() });
-        ServerId {
-            name: info_server_name(ctx),
-            version,
-        }
-    }
-
-    /// Whether the module knows this server's object header (name and version both).
-    fn known_header(&self) -> bool {
-        match (&self.name, self.version) {
-            (Some(name), Some(version)) => crate::layout::known_header(name, version),
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Display for ServerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = self.name.as_deref().unwrap_or("unknown server");
-        match self.version.map(crate::layout::version_parts) {
-            Some((major, minor, patch)) => write!(f, "{name} {major}.{minor}.{patch}"),
-            None => write!(f, "{name} (version unknown)"),
-        }
-    }
-}
-
-/// The server's name from `INFO server`, or `None` if it cannot be read.
-fn info_server_name(ctx: &Context) -> Option<String> {
-    let (Ok(get_info), Ok(field), Ok(free_info)) = (
-        api!(RedisModule_GetServerInfo),
-        api!(RedisModule_ServerInfoGetFieldC),
-        api!(RedisModule_FreeServerInfo),
-    ) else {
-        return None;
-    };
-    // SAFETY: live context, literal section name; freed below.
-    let data = unsafe { get_info(ctx.ctx, c"server".as_ptr()) };
-    if data.is_null() {
-        return None;
-    }
-    let text = |name: &std::ffi::CStr| -> Option<String> {
-        // SAFETY: live info data; the returned C string lives as long as `data`.
-        let p = unsafe { field(data, name.as_ptr()) };
-        // SAFETY: non-null pointers from ServerInfoGetFieldC are NUL-terminated.
-        (!p.is_null()).then(|| {
-            unsafe { std::ffi::CStr::from_ptr(p) }
-                .to_string_lossy()
-                .into_owned()
-        })
-    };
-    let server_name = text(c"server_name");
-    let redis_version = text(c"redis_version");
-    let name = crate::layout::server_name(server_name.as_deref(), redis_version.as_deref())
-        .map(str::to_owned);
-    // SAFETY: from GetServerInfo with a live context, freed once.
-    unsafe { free_info(ctx.ctx, data) };
-    name
-}
-
 static POOL: OnceLock<ValuePool> = OnceLock::new();
 
 impl ValuePool {
     /// Creates the pool; called from the module's `OnLoad`. Values are shared only on a
     /// server whose name and version the module knows (`layout`) and whose header
     /// passes the probe; the choice is logged.
-    pub fn init(ctx: &Context) -> Result<(), RedisError> {
+    pub(crate) fn init(ctx: &Context, server: &ServerId) -> Result<(), RedisError> {
         if POOL.get().is_some() {
             return Ok(());
         }
-        let server = ServerId::read(ctx);
         let shareable = server.known_header() && immutable_refcount_supported()?;
         if shareable {
             ctx.log_notice(&format!("ratelimit: {server}: bucket values shared"));
@@ -227,7 +156,7 @@ impl Drop for OpenKey {
 /// shared, the key itself, opened once for reading and writing so that a write reuses it.
 ///
 /// Opening a key for writing does not by itself tell the server it changed: the module sets
-/// `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED` at load ([`signal_writes_explicitly`]) and
+/// `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED` at load (`server::declare_options`) and
 /// [`Bucket::write`] signals the key. A refusal writes nothing, so it leaves `WATCH` and
 /// client-side caching alone, as a read would. Unlike a read, a key opened for writing does
 /// not count in `keyspace_hits`/`keyspace_misses` nor fire the `keymiss` event, on this shared
@@ -339,72 +268,6 @@ fn decode(expire: c_longlong, value: &[u8]) -> Result<u64, RedisError> {
         .map_err(|e| RedisError::String(format!("ERR key is not a rate-limit bucket: {e}")))
 }
 
-/// Sets the module options: a key opened for writing is signalled as modified only when
-/// `Bucket::write` says so (see `Bucket`), and the module handles asynchronous replica
-/// loading (`repl-diskless-load swapdb`, where a replica serves reads while it loads: the
-/// module keeps no state about the keyspace and its commands are writes, which a replica
-/// refuses anyway). Without the latter a replica with the module loaded will not load
-/// disklessly at all. Called from the module's `OnLoad`.
-pub fn signal_writes_explicitly(ctx: &Context) -> Result<(), RedisError> {
-    let set_options = api!(RedisModule_SetModuleOptions)?;
-    // Fail at load, not on the first write, on a server without it.
-    api!(RedisModule_SignalModifiedKey)?;
-    // SAFETY: OnLoad context; a documented option bit.
-    unsafe {
-        set_options(
-            ctx.ctx,
-            (raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
-                | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD) as c_int,
-        )
-    };
-    Ok(())
-}
-
-/// A `RedisModule_Call` reply, freed on drop.
-struct CallReply(NonNull<raw::RedisModuleCallReply>);
-
-impl CallReply {
-    fn new(reply: *mut raw::RedisModuleCallReply) -> Result<Self, RedisError> {
-        NonNull::new(reply)
-            .map(Self)
-            .ok_or(RedisError::Str("ERR the server refused the module's call"))
-    }
-
-    /// The reply's bytes if it is a string, `None` if it is null; an error otherwise.
-    fn string(&self) -> Result<Option<&[u8]>, RedisError> {
-        let reply_type = api!(RedisModule_CallReplyType)?;
-        let string_ptr = api!(RedisModule_CallReplyStringPtr)?;
-        // SAFETY: live reply.
-        match unsafe { reply_type(self.0.as_ptr()) } as isize {
-            raw::REDISMODULE_REPLY_STRING => {
-                let mut len = 0;
-                // SAFETY: live string reply; the bytes live as long as the reply.
-                let p = unsafe { string_ptr(self.0.as_ptr(), &mut len) };
-                if p.is_null() {
-                    return Err(RedisError::Str("ERR could not read the key"));
-                }
-                // SAFETY: `len` bytes at `p`, borrowed from `self`.
-                Ok(Some(unsafe {
-                    std::slice::from_raw_parts(p.cast::<u8>(), len)
-                }))
-            }
-            raw::REDISMODULE_REPLY_NULL => Ok(None),
-            _ => Err(RedisError::Str(
-                "ERR the server answered the module's call with an error",
-            )),
-        }
-    }
-}
-
-impl Drop for CallReply {
-    fn drop(&mut self) {
-        // SAFETY: a reply from RedisModule_Call, freed exactly once, here.
-        if let Some(free) = unsafe { raw::RedisModule_FreeCallReply } {
-            unsafe { free(self.0.as_ptr()) };
-        }
-    }
-}
-
 /// Points the open key at the shared `value` and sets its expiry, signals the change (the
 /// module option leaves that to the module) and fires the keyspace events of the `SET key
 /// value PXAT expiry` it replicates, `set` then `expire`: what a replica applying it fires,
@@ -478,9 +341,7 @@ fn write_by_call(ctx: &Context, name: KeyName, value: u32, expire: u64) -> Resul
             at.len(),
         )
     })?;
-    let reply_type = api!(RedisModule_CallReplyType)?;
-    // SAFETY: live reply.
-    if unsafe { reply_type(reply.0.as_ptr()) } as isize == raw::REDISMODULE_REPLY_ERROR {
+    if reply.kind()? == raw::REDISMODULE_REPLY_ERROR {
         return Err(RedisError::Str("ERR could not write the key"));
     }
     Ok(())

@@ -69,3 +69,45 @@ fn the_value_pool_is_built_only_where_values_are_shared() {
         }
     }
 }
+
+/// The module writes and replicates buckets with `SET` and reads them with `GET`, by name: a
+/// server where either is renamed refuses it at load, saying why in its log, rather than
+/// failing every check (or writing a bucket it then cannot replicate). Loaded the same way on
+/// the same server without the rename, it loads.
+#[test]
+fn the_module_refuses_to_load_where_set_or_get_is_renamed() {
+    let module = module_path().display().to_string();
+    for flavor in Flavor::selected() {
+        for renamed in [None, Some("SET"), Some("GET")] {
+            let mut extra = vec!["--enable-module-command".to_string(), "yes".to_string()];
+            if let Some(name) = renamed {
+                extra.extend(["--rename-command".into(), name.into(), format!("{name}_X")]);
+            }
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let server = Server::start_with(flavor, false, &extra);
+            let mut c = server.conn();
+            let loaded: redis::RedisResult<()> =
+                redis::cmd("MODULE").arg("LOAD").arg(&module).query(&mut c);
+            let registered: Vec<Value> = redis::cmd("COMMAND")
+                .arg("INFO")
+                .arg("RL.CHECK")
+                .query(&mut c)
+                .unwrap();
+            let log = server.log();
+            match renamed {
+                None => {
+                    assert!(loaded.is_ok(), "{flavor:?}: {loaded:?}\n{log}");
+                    assert_ne!(registered, [Value::Nil], "{flavor:?}");
+                }
+                Some(name) => {
+                    assert!(loaded.is_err(), "{flavor:?}: loaded with {name} renamed");
+                    assert_eq!(registered, [Value::Nil], "{flavor:?}: {name} renamed");
+                    assert!(
+                        log.contains("no SET or no GET command (rename-command?)"),
+                        "{flavor:?}: {name} renamed; log:\n{log}"
+                    );
+                }
+            }
+        }
+    }
+}
