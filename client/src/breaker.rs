@@ -1,6 +1,7 @@
 //! Circuit breaker: after repeated transport failures, stop calling a sick store and answer
-//! locally at once; let one probe through, first after [`FIRST_PROBE`], then at twice the
-//! wait after each failed probe, up to every `probe_interval`; close on a success (a probe's,
+//! locally at once; let one probe through (another only once it cannot be answered any more),
+//! first after [`FIRST_PROBE`], then at twice the wait after each failed probe, up to every
+//! `probe_interval`; close on a success (a probe's,
 //! or a late answer to a call let through before it opened: either shows the store answers).
 //! A breaker that opens again within `probe_interval` of closing starts from twice its last
 //! wait, not from the first: a store that answers a lone probe but fails under the full load
@@ -61,13 +62,16 @@ pub(crate) struct Breaker {
     inner: Mutex<Inner>,
     threshold: u32,
     probe_interval: Duration,
+    /// How long a call may take: a probe is not given up on (and another let through) before.
+    call_timeout: Duration,
 }
 
 impl Breaker {
     /// Opens after `threshold` consecutive transport failures; probes after [`FIRST_PROBE`],
     /// then backs off to every `probe_interval` (at most a day, so that `now + probe_interval`
-    /// cannot overflow).
-    pub(crate) fn new(threshold: u32, probe_interval: Duration) -> Self {
+    /// cannot overflow). `call_timeout` is the longest a call waits for its answer (also at
+    /// most a day).
+    pub(crate) fn new(threshold: u32, probe_interval: Duration, call_timeout: Duration) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 state: State::Closed {
@@ -78,6 +82,7 @@ impl Breaker {
             }),
             threshold: threshold.max(1),
             probe_interval: probe_interval.min(Duration::from_secs(86_400)),
+            call_timeout: call_timeout.min(Duration::from_secs(86_400)),
         }
     }
 
@@ -94,10 +99,11 @@ impl Breaker {
                 Admission::Reject(until)
             }
             State::Open { wait, .. } | State::HalfOpen { wait, .. } => {
-                // Given up on after the wait a failure would bring: not a whole
-                // `probe_interval` of no probe for one lost caller.
+                // Given up on after the wait a failure would bring (not a whole
+                // `probe_interval` of no probe for one lost caller), but never while it may
+                // still be answered: a second probe would only add load to a sick store.
                 *s = State::HalfOpen {
-                    until: now + self.backed_off(wait),
+                    until: now + self.backed_off(wait).max(self.call_timeout),
                     wait,
                 };
                 Admission::Probe
@@ -183,9 +189,12 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    /// The limiter's default call timeout.
+    const TIMEOUT: Duration = Duration::from_millis(5);
+
     #[test]
     fn opens_after_threshold_probes_and_closes() {
-        let b = Breaker::new(3, Duration::from_secs(2));
+        let b = Breaker::new(3, Duration::from_secs(2), TIMEOUT);
         let t0 = Instant::now();
         assert_eq!(b.admit(t0), Admission::Call);
         assert!(!b.on_failure(t0, t0));
@@ -215,7 +224,7 @@ mod tests {
     #[test]
     fn probes_back_off_to_the_interval_and_start_over_once_closed_long_enough() {
         let interval = Duration::from_secs(2);
-        let b = Breaker::new(1, interval);
+        let b = Breaker::new(1, interval, TIMEOUT);
         let mut now = Instant::now();
         assert!(b.on_failure(now, now));
         let mut waits = Vec::new();
@@ -249,7 +258,7 @@ mod tests {
     fn opening_again_soon_after_closing_backs_off_further() {
         // A store that answers a lone probe but fails under the full load.
         let interval = Duration::from_secs(2);
-        let b = Breaker::new(1, interval);
+        let b = Breaker::new(1, interval, TIMEOUT);
         let mut now = Instant::now();
         assert!(b.on_failure(now, now));
         let mut waits = Vec::new();
@@ -273,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_short_probe_interval_caps_the_first_wait() {
-        let b = Breaker::new(1, Duration::from_millis(10));
+        let b = Breaker::new(1, Duration::from_millis(10), TIMEOUT);
         let t0 = Instant::now();
         assert!(b.on_failure(t0, t0));
         assert_eq!(
@@ -284,7 +293,7 @@ mod tests {
 
     #[test]
     fn a_huge_probe_interval_does_not_overflow() {
-        let b = Breaker::new(1, Duration::MAX);
+        let b = Breaker::new(1, Duration::MAX, TIMEOUT);
         let t0 = Instant::now();
         assert!(b.on_failure(t0, t0));
         assert!(matches!(b.admit(t0), Admission::Reject(_)));
@@ -295,7 +304,7 @@ mod tests {
         // A timeout longer than the first wait: calls let through before the breaker opened
         // still fail after the probe has gone out, or after it has closed the breaker.
         let ms = Duration::from_millis;
-        let b = Breaker::new(1, Duration::from_secs(2));
+        let b = Breaker::new(1, Duration::from_secs(2), TIMEOUT);
         let t0 = Instant::now();
         let before = t0 - ms(1);
         assert!(b.on_failure(before, t0));
@@ -317,7 +326,7 @@ mod tests {
         assert_eq!(b.next_probe(), Some(t2 + 2 * FIRST_PROBE));
 
         // The probe's own failure counts.
-        let b = Breaker::new(1, Duration::from_secs(2));
+        let b = Breaker::new(1, Duration::from_secs(2), TIMEOUT);
         assert!(b.on_failure(before, t0));
         assert_eq!(b.admit(t1), Admission::Probe);
         assert!(b.on_failure(t1, late), "the probe's own failure");
@@ -326,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_lost_probe_is_replaced() {
-        let b = Breaker::new(1, Duration::from_secs(1));
+        let b = Breaker::new(1, Duration::from_secs(1), TIMEOUT);
         let t0 = Instant::now();
         b.on_failure(t0, t0);
         let t1 = t0 + Duration::from_secs(1);
@@ -339,5 +348,22 @@ mod tests {
             Admission::Reject(t2)
         );
         assert_eq!(b.admit(t2), Admission::Probe);
+    }
+
+    #[test]
+    fn a_probe_is_not_replaced_while_it_may_still_be_answered() {
+        // A timeout longer than twice the first wait (a fail-closed login policy's, say).
+        let ms = Duration::from_millis;
+        let b = Breaker::new(1, Duration::from_secs(2), ms(300));
+        let t0 = Instant::now();
+        assert!(b.on_failure(t0, t0));
+        let t1 = t0 + FIRST_PROBE;
+        assert_eq!(b.admit(t1), Admission::Probe);
+        assert_eq!(
+            b.admit(t1 + 2 * FIRST_PROBE),
+            Admission::Reject(t1 + ms(300)),
+            "the first probe may still be answered"
+        );
+        assert_eq!(b.admit(t1 + ms(300)), Admission::Probe, "now it is lost");
     }
 }

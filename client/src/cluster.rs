@@ -365,6 +365,7 @@ mod tests {
             connect_timeout: Duration::from_millis(100),
             breaker_threshold: 1,
             probe_interval: Duration::from_secs(1),
+            call_timeout: Duration::from_millis(5),
         }
     }
 

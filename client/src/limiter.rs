@@ -154,6 +154,7 @@ impl LimiterBuilder {
             connect_timeout: self.connect_timeout,
             breaker_threshold: self.breaker_threshold,
             probe_interval: self.probe_interval,
+            call_timeout: self.timeout,
         };
         let store = match self.target {
             Target::Single(url) => Store::single(&url, settings, self.force_script),

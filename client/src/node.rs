@@ -31,6 +31,8 @@ pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) breaker_threshold: u32,
     pub(crate) probe_interval: Duration,
+    /// A check's timeout: how long the breaker waits on a probe.
+    pub(crate) call_timeout: Duration,
 }
 
 /// See the module docs.
@@ -96,7 +98,11 @@ impl Node {
             suspect: AtomicU32::new(0),
             last_answer_ms: AtomicU64::new(0),
             made: Instant::now(),
-            breaker: Breaker::new(settings.breaker_threshold, settings.probe_interval),
+            breaker: Breaker::new(
+                settings.breaker_threshold,
+                settings.probe_interval,
+                settings.call_timeout,
+            ),
         })
     }
 
