@@ -577,6 +577,51 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
     }
 }
 
+/// Where values are shared, a write that keeps the bucket's value (the TAT moved by whole
+/// milliseconds, the same linger class) leaves the key's value object alone, but only if the
+/// key really holds the shared one: a value the server integer-encoded (a `SET` from the
+/// script or from replication), read into a copy of the key's own, is replaced by the
+/// shared value as any write would.
+#[test]
+fn a_write_that_keeps_the_value_keeps_it_shared() {
+    for flavor in Flavor::selected() {
+        let s = Server::start(flavor);
+        let version = s.version();
+        if !expect_shared(flavor, version) {
+            eprintln!("{flavor:?} {version:?}: values not shared here, skipped");
+            continue;
+        }
+        let mut c = s.conn();
+        let get = |c: &mut Connection| -> String { redis::cmd("GET").arg("k").query(c).unwrap() };
+        assert_eq!(rl_check(&mut c, "k", PER_HOUR_1, 3, 1).1, 2);
+        let (value, at) = (get(&mut c), pexpiretime(&mut c, "k"));
+        assert_eq!(refcount(&mut c, "k"), i64::from(i32::MAX), "{flavor:?}");
+        // The same bucket as the server's own SET stores it: integer-encoded, the key's own.
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg(&value)
+            .arg("PXAT")
+            .arg(at)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(refcount(&mut c, "k"), 1, "{flavor:?}");
+        for (remaining, hours) in [(1, 1), (0, 2)] {
+            assert_eq!(rl_check(&mut c, "k", PER_HOUR_1, 3, 1).1, remaining);
+            assert_eq!(get(&mut c), value, "{flavor:?}: the value moved");
+            assert_eq!(
+                pexpiretime(&mut c, "k"),
+                at + hours * 3_600_000,
+                "{flavor:?}"
+            );
+            assert_eq!(
+                refcount(&mut c, "k"),
+                i64::from(i32::MAX),
+                "{flavor:?} {version:?}: not the shared value after {hours} write(s)"
+            );
+        }
+    }
+}
+
 /// A replica ignores `maxmemory` (`replica-ignore-maxmemory`, on by default), so one loaded
 /// under `allkeys-lru` may share values; promoted, it evicts, and from then on must not.
 #[test]
