@@ -21,9 +21,11 @@ pub use http::{http_request, HttpReply};
 
 use redis::{Client, Connection, Value};
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Which server implementation.
@@ -96,14 +98,57 @@ pub fn module_path() -> PathBuf {
     path
 }
 
+/// Starts a server process that dies with this one.
+///
+/// A test process killed outright (a timeout's `kill -9`, a pipe closed under it) runs no
+/// `Drop`, so each server is started with `PR_SET_PDEATHSIG`: the kernel kills it when its
+/// parent goes. The kernel means the parent *thread*, and test threads (and a runtime's
+/// worker threads) end while their servers may still be in use, so every server is started
+/// from one thread that lives as long as the process.
 fn spawn(flavor: Flavor, args: &[String], dir: &Path) -> Child {
-    Command::new(flavor.binary())
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("testkit-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("spawner thread");
+        Mutex::new(tx)
+    });
+    let mut command = Command::new(flavor.binary());
+    command
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+        .stderr(Stdio::null());
+    let parent = std::process::id();
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl took: nobody would signal this child.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        })
+    };
+    let (tx, rx) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((command, tx))
+        .expect("spawner thread gone");
+    rx.recv()
+        .expect("spawner thread gone")
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", flavor.binary()))
 }
 
@@ -651,5 +696,63 @@ mod tests {
             .unwrap();
         assert!(info.contains(&format!("process_id:{}", ours.pid())));
         assert_ne!(ours.pid(), other.pid());
+    }
+
+    /// Where the helper below writes its server's pid.
+    const HOLD_VAR: &str = "RL_TESTKIT_HOLD_PID_FILE";
+
+    /// Run by [`servers_die_with_the_test_process`] in a child test process: starts a server,
+    /// says its pid, and waits to be killed.
+    #[test]
+    #[ignore = "a helper, run by servers_die_with_the_test_process"]
+    fn helper_holds_a_server_until_killed() {
+        let path = std::env::var(HOLD_VAR).expect("run by servers_die_with_the_test_process");
+        let server = Server::start_with(Flavor::Redis, false, &[]);
+        std::fs::write(&path, server.pid().to_string()).unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    /// A test process killed outright (a timeout's `kill -9`, a closed pipe) runs no `Drop`:
+    /// its servers must not outlive it, holding ports and memory.
+    #[test]
+    fn servers_die_with_the_test_process() {
+        if std::env::var_os("REDIS_URL").is_some() {
+            return; // uses its own servers only
+        }
+        let pid_file = std::env::temp_dir().join(format!("rl-testkit-hold-{}", std::process::id()));
+        let _ = std::fs::remove_file(&pid_file);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "tests::helper_holds_a_server_until_killed",
+            ])
+            .env(HOLD_VAR, &pid_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = eventually(Duration::from_secs(20), || pid_file.exists());
+        assert!(started, "the helper never started its server");
+        std::thread::sleep(Duration::from_millis(50));
+        let server: u32 = std::fs::read_to_string(&pid_file).unwrap().parse().unwrap();
+        let _ = std::fs::remove_file(&pid_file);
+        let alive = |pid: u32| {
+            // Gone, or a zombie nobody has reaped yet, is dead.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+            })
+        };
+        assert!(alive(server), "the helper's server is not running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let gone = eventually(Duration::from_secs(5), || !alive(server));
+        if !gone {
+            let _ = Command::new("kill")
+                .args(["-9", &server.to_string()])
+                .status();
+        }
+        assert!(gone, "server {server} outlived its test process");
     }
 }
