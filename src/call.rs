@@ -19,22 +19,6 @@ impl CallReply {
         kind(self.0.as_ptr())
     }
 
-    /// The types of the elements of an array reply, in order; an error for any other reply.
-    pub(crate) fn element_kinds(&self) -> Result<Vec<isize>, RedisError> {
-        if self.kind()? != raw::REDISMODULE_REPLY_ARRAY {
-            return Err(RedisError::Str("ERR the server's reply is not an array"));
-        }
-        let len = api!(RedisModule_CallReplyLength)?;
-        let element = api!(RedisModule_CallReplyArrayElement)?;
-        // SAFETY: live array reply.
-        let n = unsafe { len(self.0.as_ptr()) };
-        // Elements belong to the array reply: read, never freed on their own.
-        // SAFETY: live array reply, index below its length.
-        (0..n)
-            .map(|i| kind(unsafe { element(self.0.as_ptr(), i) }))
-            .collect()
-    }
-
     /// The reply's bytes if it is a string, `None` if it is null; an error otherwise.
     pub(crate) fn string(&self) -> Result<Option<&[u8]>, RedisError> {
         let string_ptr = api!(RedisModule_CallReplyStringPtr)?;

@@ -120,26 +120,29 @@ pub(crate) fn declare_options(ctx: &Context, server: &ServerId) -> Result<(), Re
 /// read with `GET`. Found missing only on the first check, a write could be made and then not
 /// replicated, leaving replicas behind the primary.
 pub(crate) fn require_commands(ctx: &Context) -> Result<(), RedisError> {
-    let call = api!(RedisModule_Call)?;
-    // SAFETY: OnLoad context; literal command and arguments.
-    let reply = CallReply::new(unsafe {
-        call(
-            ctx.ctx,
-            c"COMMAND".as_ptr(),
-            c"ccc".as_ptr(),
-            c"INFO".as_ptr(),
-            c"SET".as_ptr(),
-            c"GET".as_ptr(),
-        )
-    })?;
-    let kinds = reply.element_kinds()?;
-    if kinds.len() != 2 || kinds.contains(&raw::REDISMODULE_REPLY_NULL) {
-        return Err(RedisError::Str(
-            "the server has no SET or no GET command (rename-command?): the module writes and \
-             replicates buckets with SET and reads them with GET",
-        ));
+    for (name, command) in [("SET", c"SET"), ("GET", c"GET")] {
+        if !command_exists(ctx, command)? {
+            return Err(RedisError::String(format!(
+                "the server has no {name} command (rename-command?): the module writes and \
+                 replicates buckets with SET and reads them with GET"
+            )));
+        }
     }
     Ok(())
+}
+
+/// Whether the server has `command`, asked without running it: called with no arguments,
+/// the server looks the command up (`ENOENT` if missing) and then refuses the arity
+/// (`EINVAL`). Not `COMMAND INFO`, which a hardened server may have renamed itself.
+fn command_exists(ctx: &Context, command: &std::ffi::CStr) -> Result<bool, RedisError> {
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: OnLoad context; a literal command, no arguments.
+    let reply = unsafe { call(ctx.ctx, command.as_ptr(), c"".as_ptr()) };
+    // ENOENT reads as NotFound; read before anything else can set errno.
+    let missing = std::io::Error::last_os_error().kind() == std::io::ErrorKind::NotFound;
+    // Not expected (no command runs without its arguments), but freed if it comes.
+    drop(CallReply::new(reply));
+    Ok(!(reply.is_null() && missing))
 }
 
 /// Whether `name` at `version` (`0x00MMmmpp`) is a server with atomic slot migration that

@@ -432,17 +432,6 @@ fn concurrent_connections_never_over_admit() {
     }
 }
 
-/// Whether the module shares its values on this server: the servers whose object header it
-/// knows (Redis 7.0 to 8.0, Valkey up to 8.0), written out here rather than taken from the
-/// module's own table.
-fn expect_shared(flavor: Flavor, version: (u32, u32, u32)) -> bool {
-    let line = (version.0, version.1);
-    match flavor {
-        Flavor::Redis => [(7, 0), (7, 2), (7, 4), (8, 0)].contains(&line),
-        Flavor::Valkey => [(7, 2), (8, 0)].contains(&line),
-    }
-}
-
 /// `OBJECT REFCOUNT key`: above 1 where the key's value is shared.
 fn refcount(c: &mut Connection, key: &str) -> i64 {
     redis::cmd("OBJECT")
@@ -581,7 +570,8 @@ fn values_are_shared_where_the_header_is_known_and_never_under_an_lru_policy() {
 /// milliseconds, the same linger class) leaves the key's value object alone, but only if the
 /// key really holds the shared one: a value the server integer-encoded (a `SET` from the
 /// script or from replication), read into a copy of the key's own, is replaced by the
-/// shared value as any write would.
+/// shared value as any write would. (That the write is skipped at all shows only in the
+/// keyspace events, `tests/events.rs`, and in instructions, `scripts/bench/run`.)
 #[test]
 fn a_write_that_keeps_the_value_keeps_it_shared() {
     for flavor in Flavor::selected() {

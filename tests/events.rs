@@ -55,13 +55,15 @@ fn bucket_writes_fire_the_events_of_their_set_and_refusals_none() {
             let mut args = vec!["--notify-keyspace-events", "KAn"];
             args.extend_from_slice(extra);
             let server = Server::start_with(flavor, true, &args);
-            let log = server.log();
-            let layout = if log.contains("bucket values shared") && extra.is_empty() {
-                "shared"
-            } else {
-                "by SET"
-            };
-            let what = format!("{flavor:?} {:?}, values {layout}", server.version());
+            let version = server.version();
+            let shared = extra.is_empty() && expect_shared(flavor, version);
+            assert_eq!(
+                server.log().contains("bucket values shared"),
+                expect_shared(flavor, version),
+                "{flavor:?} {version:?}"
+            );
+            let layout = if shared { "shared" } else { "by SET" };
+            let what = format!("{flavor:?} {version:?}, values {layout}");
 
             let mut sub = server.conn();
             let mut ps = sub.as_pubsub();

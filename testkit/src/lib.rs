@@ -575,6 +575,17 @@ pub fn start_cluster(flavor: Flavor) -> Vec<Server> {
     nodes
 }
 
+/// Whether the module shares its values on this server (with no eviction policy): the
+/// servers whose object header it knows (Redis 7.0 to 8.0, Valkey up to 8.0), written out
+/// here rather than taken from the module's own table.
+pub fn expect_shared(flavor: Flavor, version: (u32, u32, u32)) -> bool {
+    let line = (version.0, version.1);
+    match flavor {
+        Flavor::Redis => [(7, 0), (7, 2), (7, 4), (8, 0)].contains(&line),
+        Flavor::Valkey => [(7, 2), (8, 0)].contains(&line),
+    }
+}
+
 /// `calls=` of a command in `INFO commandstats` (0 if never called).
 pub fn command_calls(c: &mut Connection, command: &str) -> i64 {
     let info: String = redis::cmd("INFO")
