@@ -16,7 +16,9 @@ impl CallReply {
 
     /// The reply's type, a `REDISMODULE_REPLY_*` value.
     pub(crate) fn kind(&self) -> Result<isize, RedisError> {
-        kind(self.0.as_ptr())
+        let reply_type = api!(RedisModule_CallReplyType)?;
+        // SAFETY: live reply.
+        Ok(unsafe { reply_type(self.0.as_ptr()) } as isize)
     }
 
     /// The reply's bytes if it is a string, `None` if it is null; an error otherwise.
@@ -41,13 +43,6 @@ impl CallReply {
             )),
         }
     }
-}
-
-/// The type of `reply` (null reads as the server's "unknown").
-fn kind(reply: *mut raw::RedisModuleCallReply) -> Result<isize, RedisError> {
-    let reply_type = api!(RedisModule_CallReplyType)?;
-    // SAFETY: a live reply or null, which the server answers with REPLY_UNKNOWN.
-    Ok(unsafe { reply_type(reply) } as isize)
 }
 
 impl Drop for CallReply {

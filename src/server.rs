@@ -33,16 +33,18 @@ impl ServerId {
     /// Whether the server has atomic slot migration and refuses it to a module that has not
     /// declared it handles it: Valkey 9.0 and later.
     fn has_atomic_slot_migration(&self) -> bool {
-        match (&self.name, self.version) {
-            (Some(name), Some(version)) => atomic_slot_migration(name, version),
-            _ => false,
-        }
+        self.is(atomic_slot_migration)
     }
 
     /// Whether the module knows this server's object header (name and version both).
     pub(crate) fn known_header(&self) -> bool {
+        self.is(crate::layout::known_header)
+    }
+
+    /// `test` of the name and version; false where either is unknown.
+    fn is(&self, test: fn(&str, i32) -> bool) -> bool {
         match (&self.name, self.version) {
-            (Some(name), Some(version)) => crate::layout::known_header(name, version),
+            (Some(name), Some(version)) => test(name, version),
             _ => false,
         }
     }
