@@ -18,20 +18,18 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Settles at the region's share as it is now, not as it was when reserved: the bucket
-    /// holds time, which that share turns into tokens. At the old share a charge after the
-    /// region shrank would be undercharged while its peers grew into the rest (and a refund
-    /// after it grew, overpaid); at the current one the bucket never gives more than the
-    /// share the peers leave it.
-    fn at_current_share(&mut self) {
-        if let Some(d) = &self.demand {
-            self.policy = d.policy_now();
-        }
-    }
-
-    /// Corrects the counted demand to the `actual` cost from the estimate.
-    fn count(&self, actual: u64) {
+    /// Readies a regional policy for settling at the `actual` cost (nothing to do for
+    /// another).
+    ///
+    /// The counted demand is corrected from the estimate to `actual`. And the policy becomes
+    /// the region's share as it is now, not as it was when reserved: the bucket holds time,
+    /// which that share turns into tokens. At the old share a charge after the region shrank
+    /// would be undercharged while its peers grew into the rest (and a refund after it grew,
+    /// overpaid); at the current one the bucket never gives more than the share the peers
+    /// leave it.
+    fn prepare(&mut self, actual: u64) {
         let Some(demand) = &self.demand else { return };
+        self.policy = demand.policy_now();
         let (actual, estimate) = (demand.counted(actual), demand.counted(self.estimate));
         if actual >= estimate {
             demand.offered().fetch_add(actual - estimate, Relaxed);
@@ -126,8 +124,7 @@ impl Reservation {
             .map(|(h, &a)| signed(a).saturating_sub(signed(h.estimate)))
             .collect();
         for (h, &a) in held.iter_mut().zip(actual) {
-            h.count(a);
-            h.at_current_share();
+            h.prepare(a);
         }
         let at_store = self.taken_at_store();
         self.limiter.settle_held(&held, &deltas, at_store).await
@@ -150,8 +147,7 @@ impl Drop for Reservation {
             runtime.spawn(async move {
                 let deltas: Vec<i64> = held.iter().map(|h| -signed(h.estimate)).collect();
                 for h in &mut held {
-                    h.count(0);
-                    h.at_current_share();
+                    h.prepare(0);
                 }
                 if let Err(e) = limiter.settle_held(&held, &deltas, at_store).await {
                     tracing::warn!(error = %e, "ratelimit: refund of a dropped reservation failed");

@@ -354,10 +354,9 @@ impl RegionalBuilder {
         // A round makes a few store calls, each up to this timeout, and the shares it
         // renews last two ticks: a timeout above a tick would let them lapse, and the
         // leader's lease (four ticks) with them.
-        if settings.timeout.is_some_and(|t| t > settings.tick()) {
+        if let Some(t) = settings.timeout.filter(|t| *t > settings.tick()) {
             return Err(Error::Config(format!(
-                "sync_timeout {:?} must be at most a quarter of the rebalance period ({:?})",
-                settings.timeout.unwrap_or_default(),
+                "sync_timeout {t:?} must be at most a quarter of the rebalance period ({:?})",
                 settings.tick()
             )));
         }
