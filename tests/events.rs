@@ -29,12 +29,8 @@ fn events_until(ps: &mut redis::PubSub<'_>, sentinel: &str) -> Vec<(String, Stri
     }
 }
 
-fn run(c: &mut Connection, args: &[&str]) {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    let _: redis::Value = cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+fn ok(c: &mut Connection, args: &[&str]) {
+    run(c, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
 }
 
 fn pair(key: &str, event: &str) -> (String, String) {
@@ -73,12 +69,12 @@ fn bucket_writes_fire_the_events_of_their_set_and_refusals_none() {
             let at = (server_ms(&mut c) + 60_000).to_string();
 
             // The reference: the SET the module replicates, run by hand.
-            run(&mut c, &["SET", "plain", "1", "PXAT", &at]);
+            ok(&mut c, &["SET", "plain", "1", "PXAT", &at]);
             // A new bucket, the same bucket again, then a refusal (cost 3 > the 1 left).
             for cost in ["1", "1", "3"] {
-                run(&mut c, &["RL.CHECK", "b", PER_HOUR_1, "3", cost]);
+                ok(&mut c, &["RL.CHECK", "b", PER_HOUR_1, "3", cost]);
             }
-            run(
+            ok(
                 &mut c,
                 &[
                     "RL.CHECKALL",
@@ -93,8 +89,8 @@ fn bucket_writes_fire_the_events_of_their_set_and_refusals_none() {
                 ],
             );
             // A charge after the fact writes the bucket like a check.
-            run(&mut c, &["RL.SETTLE", "b", PER_HOUR_1, "3", "2"]);
-            run(&mut c, &["SET", "sentinel", "1"]);
+            ok(&mut c, &["RL.SETTLE", "b", PER_HOUR_1, "3", "2"]);
+            ok(&mut c, &["SET", "sentinel", "1"]);
 
             let seen = events_until(&mut ps, "sentinel");
             let set_pxat = |k: &str| vec![pair(k, "set"), pair(k, "expire")];

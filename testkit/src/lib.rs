@@ -461,14 +461,15 @@ pub fn rl_check(c: &mut Connection, key: &str, rate: &str, burst: i64, cost: i64
 
 /// Runs a raw command and returns its error text (panics if it succeeded).
 pub fn expect_err(c: &mut Connection, args: &[&str]) -> String {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    match cmd.query::<Value>(c) {
+    match run(c, args) {
         Ok(v) => panic!("{args:?} succeeded: {v:?}"),
         Err(e) => e.to_string(),
     }
+}
+
+/// Runs a raw command, `args[0]` its name.
+pub fn run(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    redis::cmd(args[0]).arg(&args[1..]).query(c)
 }
 
 pub fn exists(c: &mut Connection, key: &str) -> bool {
@@ -743,10 +744,11 @@ mod tests {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let started = eventually(Duration::from_secs(20), || pid_file.exists());
+        // Read until whole: the helper may be caught mid-write.
+        let read = || std::fs::read_to_string(&pid_file).ok()?.parse::<u32>().ok();
+        let started = eventually(Duration::from_secs(20), || read().is_some());
         assert!(started, "the helper never started its server");
-        std::thread::sleep(Duration::from_millis(50));
-        let server: u32 = std::fs::read_to_string(&pid_file).unwrap().parse().unwrap();
+        let server = read().unwrap();
         let _ = std::fs::remove_file(&pid_file);
         let alive = |pid: u32| {
             // Gone, or a zombie nobody has reaped yet, is dead.
