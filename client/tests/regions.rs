@@ -698,3 +698,158 @@ async fn a_new_leader_keeps_the_share_while_a_peer_is_unreadable() {
         "the new leader cut region 0 from {grown} to {lowest}"
     );
 }
+
+/// Three regions, one server each, a short period and a short `forget_idle`; region 0
+/// has two pods. Every pod is built with `api`.
+fn forgetting_pods(servers: &[Server]) -> Vec<Vec<RegionalLimiter>> {
+    let urls: Vec<String> = servers.iter().map(Server::url).collect();
+    let p = policy();
+    let pod = |r: usize| {
+        RegionalLimiter::builder(r, urls.clone())
+            .policy(&p)
+            .rebalance_period(Duration::from_millis(400))
+            .forget_idle(Duration::from_secs(2))
+            .limiter(|b| b.timeout(Duration::from_millis(300)))
+            .build()
+            .unwrap()
+    };
+    vec![vec![pod(0), pod(0)], vec![pod(1)], vec![pod(2)]]
+}
+
+fn tenant() -> Policy {
+    Policy::builder("tenant-7")
+        .per_second(LIMIT as u64)
+        .burst(BURST as u64)
+        .build()
+        .unwrap()
+}
+
+/// The fields region 0's store holds: its record's and its demand counters'.
+fn region0_fields(server: &Server) -> (Vec<String>, Vec<String>) {
+    let mut c = server.conn();
+    let mut keys = |key: &str| -> Vec<String> {
+        let mut f: Vec<String> = redis::cmd("HKEYS").arg(key).query(&mut c).unwrap();
+        f.sort();
+        f
+    };
+    (keys("rl:{region.0}"), keys("rl:{region.0}:demand"))
+}
+
+/// A policy met at run time (a tenant's, say) that region 0 used and then left idle: its
+/// share there grows, then goes back to the floor, and every pod forgets it; the leader
+/// deletes its figures from the record and its demand counter, so run-time policy names
+/// do not pile up. The builder's policy, idle all along, is kept. Met again, the policy
+/// starts at the floor and grows as a new one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let pods = forgetting_pods(&servers);
+    let t = tenant();
+    let region0 = pods[0].clone();
+    let drive = |until: Instant| {
+        let (pods, t) = (region0.clone(), t.clone());
+        tokio::spawn(async move {
+            let mut i = 0usize;
+            while Instant::now() < until {
+                let _ = pods[i % pods.len()].check_one(&t, "busy", 1).await;
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let grown = |pods: &[RegionalLimiter]| {
+        pods.iter()
+            .all(|l| l.share("tenant-7").is_some_and(|s| s > 0.5))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let load = drive(deadline);
+    while !grown(&region0) {
+        assert!(Instant::now() < deadline, "region 0 never grew");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    load.abort();
+    let (record, demand) = region0_fields(&servers[0]);
+    assert!(record.contains(&"tenant-7:claim".to_string()), "{record:?}");
+    assert_eq!(demand, ["tenant-7"]);
+
+    // Idle: the leader's last share before it forgets is the floor (a follower drops its
+    // slot in the round it first applies the floor, so it may never be seen there).
+    let leader = region0.iter().position(RegionalLimiter::is_leader);
+    let mut last: Vec<Option<f64>> = vec![None; region0.len()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now: Vec<Option<f64>> = region0.iter().map(|l| l.share("tenant-7")).collect();
+        for (seen, s) in last.iter_mut().zip(&now) {
+            if s.is_some() {
+                *seen = *s;
+            }
+        }
+        if now.iter().all(Option::is_none) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never forgotten: {now:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let leader = leader.expect("region 0 has a leader");
+    assert_eq!(
+        last[leader],
+        Some(0.05),
+        "forgotten above the floor: {last:?}"
+    );
+    // The leader deletes the fields right after dropping its slot.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (record, demand) = loop {
+        let (record, demand) = region0_fields(&servers[0]);
+        if !record.iter().any(|f| f.starts_with("tenant-7:")) || Instant::now() > deadline {
+            break (record, demand);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !record.iter().any(|f| f.starts_with("tenant-7:")),
+        "{record:?}"
+    );
+    assert!(record.contains(&"api:claim".to_string()), "{record:?}");
+    assert!(!demand.contains(&"tenant-7".to_string()), "{demand:?}");
+    for l in pods.iter().flatten() {
+        assert!(
+            l.share("api").is_some(),
+            "the builder's policy was forgotten"
+        );
+    }
+
+    // Met again: checked at the floor, then grown.
+    let d = region0[0].check_one(&t, "busy", 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(region0[0].share("tenant-7"), Some(0.05));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let load = drive(deadline);
+    while !grown(&region0) {
+        assert!(Instant::now() < deadline, "region 0 never grew again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    load.abort();
+}
+
+/// A reservation held past `forget_idle` keeps its policy (its settlement corrects the
+/// demand counted in the pod's slot); settled, the policy is forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_reservation_keeps_its_policy() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let pods = forgetting_pods(&servers);
+    let t = tenant();
+    let pod = &pods[1][0];
+    let held = pod.reserve("busy", &[(&t, 1)]).await.unwrap();
+    assert!(held.decision().is_allowed());
+    // Four times `forget_idle`, ten periods.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(pod.share("tenant-7"), Some(0.05), "forgotten while held");
+    held.settle(2).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pod.share("tenant-7").is_some() {
+        assert!(Instant::now() < deadline, "never forgotten once settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -9,7 +9,7 @@ use super::sync::{self, Settings};
 use super::RegionTarget;
 use crate::pods::LivePods;
 use crate::{Decision, Error, Limiter, LimiterBuilder, Policy, Reservation};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) regions: usize,
     pub(crate) limiter: Limiter,
     pub(crate) slots: RwLock<HashMap<Arc<str>, Arc<Slot>>>,
+    /// The builder's policies: never forgotten (see [`RegionalBuilder::forget_idle`]).
+    pub(crate) kept: HashSet<Arc<str>>,
     pub(crate) settings: Settings,
     pub(crate) rebalances: AtomicU64,
     pub(crate) leader: AtomicBool,
@@ -283,7 +285,8 @@ impl RegionalBuilder {
         self
     }
 
-    /// A policy to balance from the start (others are added on their first check). Give
+    /// A policy to balance from the start, and never forget (others are added on their
+    /// first check and forgotten once idle, see [`forget_idle`](Self::forget_idle)). Give
     /// every pod of a region the same policies: the region's leader rebalances only those
     /// it knows, so a policy only some pods check stays at the floor while another pod
     /// leads. Services that share a store with different policies need their own
@@ -310,6 +313,19 @@ impl RegionalBuilder {
     /// this one.
     pub fn hot_subjects(mut self, max: usize) -> Self {
         self.settings.hot_max = max;
+        self
+    }
+
+    /// How long a policy met at run time (one not given to [`policy`](Self::policy)) may
+    /// go unchecked before it is forgotten (default 10 minutes): a pod then drops what it
+    /// keeps for it,
+    /// and the region's leader, once the region's share is back at the floor, also its
+    /// figures in the region's record and its demand counter. Policy names made at run
+    /// time (per tenant, say) so stay bounded by those in use. A forgotten policy checked
+    /// again starts at the floor, as a new one does, and grows within a round or two of
+    /// measured demand. `Duration::MAX` never forgets.
+    pub fn forget_idle(mut self, after: Duration) -> Self {
+        self.settings.forget_idle = after;
         self
     }
 
@@ -384,6 +400,7 @@ impl RegionalBuilder {
             region: self.region,
             regions,
             limiter,
+            kept: self.policies.iter().map(|p| p.name().into()).collect(),
             slots: RwLock::new(slots),
             settings,
             rebalances: AtomicU64::new(0),

@@ -24,6 +24,7 @@ use super::split::{Claims, Subject};
 use super::RegionTarget;
 use crate::background::BackgroundConn;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A store that sync talks to: one region's server or cluster.
@@ -156,6 +157,15 @@ pub(crate) struct Publication<'a> {
     pub(crate) removed: Vec<Subject>,
 }
 
+/// A policy the leader forgot: its fields (figures and entries) leave the record, and its
+/// counter the demand hash.
+#[derive(Debug, Clone)]
+pub(crate) struct Forgotten {
+    pub(crate) policy: Arc<str>,
+    /// Its entries' subjects.
+    pub(crate) entries: Vec<Subject>,
+}
+
 /// Renews the lease if this pod holds it, takes it if nobody does; 1 if held afterwards.
 const LEASE_LUA: &str = r"
 local cur = redis.call('GET', KEYS[1])
@@ -163,14 +173,18 @@ if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
 if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
 return 0";
 
-/// The leader's write: `KEYS` the record and the leader key; `ARGV` the pod id, the number
-/// of fields to delete, those fields, then field/value pairs to set. Nothing unless the pod
-/// holds the lease. One field per call: no `unpack` of a list that could pass Lua's limit.
+/// The leader's write: `KEYS` the record, the leader key and the demand hash; `ARGV` the
+/// pod id, the number of record fields to delete, those fields, the number of demand
+/// fields to delete, those fields, then record field/value pairs to set. Nothing unless
+/// the pod holds the lease. One field per call: no `unpack` of a list that could pass
+/// Lua's limit.
 const PUBLISH_LUA: &str = r"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 local n = tonumber(ARGV[2])
 for i = 3, 2 + n do redis.call('HDEL', KEYS[1], ARGV[i]) end
-for i = 3 + n, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local m = tonumber(ARGV[3 + n])
+for i = 4 + n, 3 + n + m do redis.call('HDEL', KEYS[3], ARGV[i]) end
+for i = 4 + n + m, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1";
 
 /// What one sync round trip to the pod's own store answered.
@@ -257,20 +271,31 @@ impl RegionStore {
     pub(crate) async fn publish(
         &self,
         figures: &[Publication<'_>],
+        forgotten: &[&Forgotten],
         pod_id: &str,
     ) -> redis::RedisResult<bool> {
-        let removed: Vec<String> = figures
+        let mut removed: Vec<String> = figures
             .iter()
             .flat_map(|f| f.removed.iter().map(|x| entry_field(f.policy, *x)))
             .collect();
+        for f in forgotten {
+            let p = &f.policy;
+            removed.extend(["claim", "share", "demand"].map(|x| format!("{p}:{x}")));
+            removed.extend(f.entries.iter().map(|x| entry_field(p, *x)));
+        }
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(PUBLISH_LUA)
-            .arg(2)
+            .arg(3)
             .arg(&self.record_key)
             .arg(&self.leader_key)
+            .arg(&self.demand_key)
             .arg(pod_id)
             .arg(removed.len())
-            .arg(removed);
+            .arg(removed)
+            .arg(forgotten.len());
+        for f in forgotten {
+            cmd.arg(&*f.policy);
+        }
         for f in figures {
             cmd.arg(format!("{}:claim", f.policy))
                 .arg(f.claim)
@@ -364,7 +389,7 @@ mod tests {
         let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
         assert!(round.leader && !round.took_lease, "and renews it");
         assert!(store
-            .publish(&[figures(600_000, vec![])], "a")
+            .publish(&[figures(600_000, vec![])], &[], "a")
             .await
             .unwrap());
         assert_eq!(read().await, (Some(600_000), Some(1)));
@@ -378,12 +403,16 @@ mod tests {
         let round = store.own_round(&[], &[], "b", lease, true).await.unwrap();
         assert!(round.leader, "pod b takes the lease");
         assert!(store
-            .publish(&[figures(300_000, vec![])], "b")
+            .publish(&[figures(300_000, vec![])], &[], "b")
             .await
             .unwrap());
-        // Pod a, late: neither its figures nor its removals land.
+        // Pod a, late: neither its figures nor its removals land, nor its forgetting.
         let stale = figures(900_000, vec![0xab]);
-        assert!(!store.publish(&[stale], "a").await.unwrap());
+        let forgot = Forgotten {
+            policy: "api".into(),
+            entries: vec![0xab],
+        };
+        assert!(!store.publish(&[stale], &[&forgot], "a").await.unwrap());
         assert_eq!(read().await, (Some(300_000), Some(1)));
         // Pod b's lease runs out too, and pod a takes it back: taken, not renewed, so it
         // leads from the record (b's figures), not from what it knew before.
@@ -393,6 +422,60 @@ mod tests {
             .unwrap();
         let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
         assert!(round.leader && round.took_lease);
+    }
+
+    /// A forgotten policy's fields, its entries' included, leave the record and its counter
+    /// the demand hash; another policy's stay.
+    #[tokio::test]
+    async fn a_forgotten_policy_leaves_the_record_and_the_demand_hash() {
+        let server = Server::start(Flavor::Redis);
+        let target = RegionTarget::Server(server.url());
+        let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
+        let figures = |policy| Publication {
+            policy,
+            claim: 300_000,
+            share: 300_000,
+            demand: 2.0,
+            entries: vec![(0xab, EntryFigures::parse("300000 300000 2 1").unwrap())],
+            removed: vec![],
+        };
+        let lease = Duration::from_secs(10);
+        let offered = [("api", 5), ("tenant-7", 3)];
+        let round = store
+            .own_round(&offered, &[], "a", lease, true)
+            .await
+            .unwrap();
+        assert!(round.leader);
+        let both = [figures("api"), figures("tenant-7")];
+        assert!(store.publish(&both, &[], "a").await.unwrap());
+        let mut c = server.conn();
+        let mut fields = |key: &str| -> Vec<String> {
+            let mut f: Vec<String> = redis::cmd("HKEYS").arg(key).query(&mut c).unwrap();
+            f.sort();
+            f
+        };
+        assert_eq!(fields(&store.record_key).len(), 8);
+        assert_eq!(fields(&store.demand_key), ["api", "tenant-7"]);
+
+        let forgot = Forgotten {
+            policy: "tenant-7".into(),
+            entries: vec![0xab],
+        };
+        assert!(store
+            .publish(&[figures("api")], &[&forgot], "a")
+            .await
+            .unwrap());
+        let kept = [
+            "api:claim",
+            "api:demand",
+            "api:s:00000000000000ab",
+            "api:share",
+        ];
+        assert_eq!(fields(&store.record_key), kept);
+        assert_eq!(fields(&store.demand_key), ["api"]);
+        let read = store.read().await.unwrap();
+        assert_eq!(read.figures("tenant-7").claim, None);
+        assert_eq!(read.entries("tenant-7"), Some(vec![]));
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {

@@ -253,6 +253,15 @@ impl Split {
         gone
     }
 
+    /// Whether the region's record could drop this policy: its share, claim and intent
+    /// are all `floor`, for the policy and every entry, which is what a peer reads where
+    /// the record has no figures for it and what a pod checks a policy it has just met
+    /// with. So forgetting it changes neither what any pod may use nor any claim.
+    pub(crate) fn at_rest(&self, floor: u32, now: Instant) -> bool {
+        let rests = |s: &Share| s.share() == floor && s.intent(now) == floor;
+        rests(&self.policy) && self.entries.values().all(|e| rests(&e.share))
+    }
+
     /// Every share was written at `at` (see [`Share::written`]).
     pub(crate) fn written(&mut self, at: Instant, hold: Duration) {
         self.policy.written(at, hold);

@@ -18,7 +18,7 @@
 //! tick) after writing a lower share.
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{EntryFigures, Publication, Record, RegionStore};
+use super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
 use super::share::{smooth, targets, WHOLE};
 use super::split::{Claims, Split, Subject};
 use std::collections::{BTreeSet, HashMap};
@@ -53,6 +53,8 @@ pub(crate) struct Settings {
     pub(crate) prefix: String,
     /// Most subjects this region marks hot per policy (0: none, per-subject shares off).
     pub(crate) hot_max: usize,
+    /// A policy met at run time and unchecked for this long is forgotten.
+    pub(crate) forget_idle: Duration,
 }
 
 impl Default for Settings {
@@ -65,6 +67,7 @@ impl Default for Settings {
             timeout: None,
             prefix: "rl".into(),
             hot_max: HOT_MAX,
+            forget_idle: Duration::from_secs(600),
         }
     }
 }
@@ -96,10 +99,22 @@ impl Settings {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Meter {
     last: Option<(u64, Instant)>,
     smoothed: Option<f64>,
+    /// When the region's count last moved, or metering began.
+    moved: Instant,
+}
+
+impl Meter {
+    fn new(smoothed: Option<f64>, now: Instant) -> Self {
+        Self {
+            last: None,
+            smoothed,
+            moved: now,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -112,6 +127,8 @@ struct Leading {
     hot_taken: Option<Instant>,
     /// Entries removed and not yet deleted from the record, by policy.
     removed: HashMap<Arc<str>, Vec<Subject>>,
+    /// Policies forgotten and not yet deleted from the record.
+    forgotten: Vec<Forgotten>,
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
@@ -122,6 +139,8 @@ struct State {
     leading: Option<Leading>,
     /// Consecutive rounds that could not reach the own store.
     failed: u32,
+    /// When this pod last counted demand for each policy, or first met it.
+    used: HashMap<Arc<str>, Instant>,
 }
 
 /// Runs until the limiter is dropped.
@@ -157,6 +176,18 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         .map(|(name, slot)| (&**name, slot.offered.swap(0, Relaxed)))
         .filter(|(_, n)| *n > 0)
         .collect();
+    let now = Instant::now();
+    state
+        .used
+        .retain(|name, _| slots.iter().any(|(k, _)| k == name));
+    for (name, _) in &slots {
+        state.used.entry(name.clone()).or_insert(now);
+    }
+    for (name, _) in &offered {
+        if let Some(at) = state.used.get_mut(*name) {
+            *at = now;
+        }
+    }
     let hot: Vec<(&str, Subject, u64)> = slots
         .iter()
         .flat_map(|(name, slot)| {
@@ -209,6 +240,22 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             };
             apply(sh, slot, ppm, &entries, valid_until);
         }
+        // A slot this pod has not used for a while, applied as a slot made now would be
+        // (the floor, no entries), can go: meeting the policy again changes nothing.
+        let idle: Vec<Arc<str>> = slots
+            .iter()
+            .filter(|(name, slot)| {
+                let applied = slot.applied();
+                idle_here(sh, state, name, now)
+                    && applied.ppm == s.floor
+                    && applied.entries.is_empty()
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        drop(slots);
+        for name in idle {
+            drop_slot(sh, &name);
+        }
         return;
     }
     // A lease taken rather than renewed: another pod may have led meanwhile (this one
@@ -237,6 +284,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             subjects: HashMap::new(),
             hot_taken: None,
             removed: HashMap::new(),
+            forgotten: Vec::new(),
             peers: vec![None; sh.regions],
             renewed_at: started,
         }
@@ -256,13 +304,9 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
         );
         // The region's demand as last published, until this leader has measured its own.
-        leading.meters.insert(
-            name.clone(),
-            Meter {
-                last: None,
-                smoothed: f.demand,
-            },
-        );
+        leading
+            .meters
+            .insert(name.clone(), Meter::new(f.demand, now));
         let split = Split::restore(
             (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
             entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
@@ -271,7 +315,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         );
         leading.splits.insert(name.clone(), split);
     }
-    lead(
+    let resting = lead(
         sh,
         stores,
         &slots,
@@ -281,6 +325,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         valid_until,
     )
     .await;
+    drop(slots);
+    forget(sh, own, leading, resting, pod_id).await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
         .record(started.elapsed().as_secs_f64());
 }
@@ -302,7 +348,7 @@ async fn lead(
     l: &mut Leading,
     pod_id: &str,
     valid_until: Instant,
-) {
+) -> Vec<Arc<str>> {
     let s = &sh.settings;
     let me = sh.region;
     let now = Instant::now();
@@ -311,8 +357,14 @@ async fn lead(
     // targets at once (a shrink applies at once; growth goes through the protocol): a
     // change of demand is acted on within a round or two, not at the next period.
     for (name, _) in slots {
-        let meter = l.meters.entry(name.clone()).or_default();
+        let meter = l
+            .meters
+            .entry(name.clone())
+            .or_insert_with(|| Meter::new(None, now));
         let total = offered.get(&**name).copied().unwrap_or(0);
+        if meter.last.is_some_and(|(before, _)| before != total) {
+            meter.moved = now;
+        }
         if let Some((before, at)) = meter.last {
             let secs = now.duration_since(at).as_secs_f64().max(1e-3);
             let rate = total.saturating_sub(before) as f64 / secs;
@@ -330,6 +382,9 @@ async fn lead(
     // demand starts from the record (see the restore). Meanwhile the restored shares stand.
     let peers_read = (0..sh.regions).all(|q| q == me || l.peers[q].is_some());
     for (name, slot) in slots {
+        // A policy met at run time that the region stopped using is steered to the floor
+        // (no deadband), where its leader can forget it.
+        let resting = idle_region(sh, l, name, now);
         let Some(split) = l.splits.get_mut(name) else {
             continue;
         };
@@ -377,8 +432,15 @@ async fn lead(
                 }
             })
             .collect();
-        let policy_target = targets(&demands, s.floor)[me];
+        let policy_target = if resting {
+            s.floor
+        } else {
+            targets(&demands, s.floor)[me]
+        };
         let entry_target = |x: Subject| {
+            if resting {
+                return s.floor;
+            }
             let demands: Vec<f64> = (0..sh.regions)
                 .map(|q| {
                     if q == me {
@@ -393,7 +455,8 @@ async fn lead(
                 .collect();
             targets(&demands, s.floor)[me]
         };
-        split.retarget(policy_target, entry_target, DEADBAND, now);
+        let deadband = if resting { 0 } else { DEADBAND };
+        split.retarget(policy_target, entry_target, deadband, now);
     }
     // Phase 1: the intents (and any shrink) published before the peers are read.
     let intents: Vec<Claims> = slots
@@ -452,6 +515,88 @@ async fn lead(
         })
         .fold(0.0, f64::max);
     metrics::gauge!("ratelimit_region_figure_age_seconds", "region" => me.to_string()).set(oldest);
+    let now = Instant::now();
+    slots
+        .iter()
+        .filter(|(name, _)| {
+            idle_region(sh, l, name, now)
+                && l.splits.get(name).is_some_and(|x| x.at_rest(s.floor, now))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Whether `name` is a policy met at run time that this pod has not used for
+/// [`Settings::forget_idle`].
+fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) -> bool {
+    !sh.kept.contains(name)
+        && state
+            .used
+            .get(name)
+            .is_some_and(|at| now.saturating_duration_since(*at) >= sh.settings.forget_idle)
+}
+
+/// Whether `name` is a policy met at run time that no pod of the region has used for
+/// [`Settings::forget_idle`], as far as this leader has metered.
+fn idle_region(sh: &Shared, l: &Leading, name: &str, now: Instant) -> bool {
+    !sh.kept.contains(name)
+        && l.meters
+            .get(name)
+            .is_some_and(|m| now.saturating_duration_since(m.moved) >= sh.settings.forget_idle)
+}
+
+/// Drops this pod's slot for `name` unless a check or a reservation holds it (one that
+/// did would count its demand in a slot nobody reads any more). Whether it went.
+fn drop_slot(sh: &Shared, name: &str) -> bool {
+    let mut slots = sh.slots.write().unwrap_or_else(|p| p.into_inner());
+    let free = slots
+        .get(name)
+        .is_some_and(|slot| Arc::strong_count(slot) == 1 && slot.offered.load(Relaxed) == 0);
+    if free {
+        slots.remove(name);
+    }
+    free
+}
+
+/// The leader forgets the policies at rest (`resting`) whose slot it can drop: their
+/// split, meter and subjects, then their fields in the record and their demand counter,
+/// at once (or with a later round's figures if that write fails). A peer reads a missing
+/// figure at the floor, which is where a policy at rest is, so nothing any pod may use or
+/// any region claims changes.
+async fn forget(
+    sh: &Shared,
+    own: &RegionStore,
+    l: &mut Leading,
+    resting: Vec<Arc<str>>,
+    pod_id: &str,
+) {
+    for name in resting {
+        if !drop_slot(sh, &name) {
+            continue;
+        }
+        let mut entries: Vec<Subject> = l
+            .splits
+            .remove(&name)
+            .map(|x| x.entries().keys().copied().collect())
+            .unwrap_or_default();
+        entries.extend(l.removed.remove(&name).unwrap_or_default());
+        l.meters.remove(&name);
+        l.subjects.remove(&name);
+        tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot an idle policy");
+        l.forgotten.push(Forgotten {
+            policy: name,
+            entries,
+        });
+    }
+    if l.forgotten.is_empty() {
+        return;
+    }
+    let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
+    let wrote =
+        tokio::time::timeout(sh.settings.timeout(), own.publish(&[], &forgotten, pod_id)).await;
+    if matches!(wrote, Ok(Ok(true))) {
+        l.forgotten.clear();
+    }
 }
 
 /// Takes the pods' counts of the region's busiest subjects and smooths each subject's rate
@@ -548,8 +693,12 @@ async fn publish(
     if figures.is_empty() {
         return false;
     }
+    // A policy met again since it was forgotten is in `figures`, restored from the record.
+    l.forgotten
+        .retain(|f| !slots.iter().any(|(name, _)| *name == f.policy));
+    let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
     let ok = matches!(
-        tokio::time::timeout(s.timeout(), own.publish(&figures, pod_id)).await,
+        tokio::time::timeout(s.timeout(), own.publish(&figures, &forgotten, pod_id)).await,
         Ok(Ok(true))
     );
     if ok {
@@ -558,6 +707,7 @@ async fn publish(
             split.written(at, s.hold());
         }
         l.removed.clear();
+        l.forgotten.clear();
     }
     ok
 }

@@ -168,6 +168,12 @@ enum Op {
     Apply(usize),
     Fetch(usize, usize),
     Failover(usize),
+    /// The leader steers the policy and every entry to the floor, as for a policy its
+    /// region stopped using (no deadband).
+    Rest(usize),
+    /// The region forgets the policy if its split is at rest: record and leader start over
+    /// as for a policy never seen.
+    Forget(usize),
     Advance(u64),
 }
 
@@ -183,6 +189,8 @@ fn op(n: usize) -> impl Strategy<Value = Op> {
         (0..n).prop_map(Op::Apply),
         (0..n, 0..2usize).prop_map(|(r, f)| Op::Fetch(r, f)),
         (0..n).prop_map(Op::Failover),
+        (0..n).prop_map(Op::Rest),
+        (0..n).prop_map(Op::Forget),
         (0..700u64).prop_map(Op::Advance),
     ]
 }
@@ -325,6 +333,16 @@ impl World {
                     None => Split::new(FLOOR),
                 };
             }
+            Op::Rest(r) => {
+                self.regions[r].leader.retarget(FLOOR, |_| FLOOR, 0, now);
+            }
+            Op::Forget(r) => {
+                let reg = &mut self.regions[r];
+                if reg.growing.is_none() && reg.leader.at_rest(FLOOR, now) {
+                    reg.record = None;
+                    reg.leader = Split::new(FLOOR);
+                }
+            }
             Op::Advance(ms) => self.now += Duration::from_millis(ms),
         }
     }
@@ -335,7 +353,8 @@ proptest! {
 
     /// The invariant for every subject (one nobody tracks, two that may get entries), under
     /// any interleaving of the regions' steps, any tracking decisions (entries adopted and
-    /// dropped at will), unreadable peers, followers reading at any moment and failovers.
+    /// dropped at will), unreadable peers, followers reading at any moment, failovers, and
+    /// regions forgetting the policy whenever it is at rest.
     #[test]
     fn every_subjects_shares_never_sum_above_the_whole(
         (n, ops) in (2..=3usize).prop_flat_map(|n| (Just(n), prop::collection::vec(op(n), 1..200)))
@@ -460,4 +479,105 @@ fn a_removed_entrys_hold_outlives_an_earlier_policy_hold() {
         "{} in use for subject 1",
         w.in_use(Some(1))
     );
+}
+
+/// A region may forget a policy only once it is at rest: steered to the floor, the shrink
+/// written and its hold over. Then its record can go (a peer reads a missing record at the
+/// floor), and a peer grows into what it gave up without the sum passing the whole.
+#[test]
+fn a_policy_is_forgotten_only_at_rest() {
+    let mut w = World::new(2);
+    w.apply(&Op::Retarget(0, 700_000, 700_000, 700_000));
+    w.apply(&Op::BeginGrow(0));
+    w.apply(&Op::Read(0, 1, true));
+    w.apply(&Op::Apply(0));
+    w.apply(&Op::Fetch(0, 0));
+    assert_eq!(w.regions[0].leader.policy().share(), 700_000);
+    w.apply(&Op::Rest(0));
+    assert!(
+        !w.regions[0].leader.at_rest(FLOOR, w.now),
+        "shrink not written"
+    );
+    w.apply(&Op::Publish(0));
+    assert!(
+        !w.regions[0].leader.at_rest(FLOOR, w.now),
+        "within the hold"
+    );
+    w.apply(&Op::Forget(0));
+    assert!(w.regions[0].record.is_some(), "forgot within the hold");
+    w.apply(&Op::Advance(HOLD.as_millis() as u64));
+    assert!(w.regions[0].leader.at_rest(FLOOR, w.now));
+    w.apply(&Op::Forget(0));
+    assert!(w.regions[0].record.is_none());
+    // Region 1 takes what region 0 gave up.
+    w.apply(&Op::Retarget(
+        1,
+        WHOLE - FLOOR,
+        WHOLE - FLOOR,
+        WHOLE - FLOOR,
+    ));
+    w.apply(&Op::BeginGrow(1));
+    w.apply(&Op::Read(1, 0, true));
+    w.apply(&Op::Apply(1));
+    assert_eq!(w.regions[1].leader.policy().share(), WHOLE - FLOOR);
+    for x in SUBJECTS {
+        assert!(w.in_use(x) <= u64::from(WHOLE));
+    }
+}
+
+/// A leader's whole round, as `sync` runs it: `Op`s in the order it makes them, every peer
+/// read (unless `cut`), and a follower reading the record after it.
+fn round(r: usize, n: usize, targets: (u32, u32, u32), hot: u8, cut: bool) -> Vec<Op> {
+    let mut ops = vec![
+        Op::Prune(r),
+        Op::Track(r, hot, 0),
+        Op::Retarget(r, targets.0, targets.1, targets.2),
+        Op::BeginGrow(r),
+    ];
+    ops.extend((0..n).map(|q| Op::Read(r, q, !cut)));
+    ops.extend([Op::Apply(r), Op::Fetch(r, 0)]);
+    ops
+}
+
+/// Whole rounds, regions steered to rest and forgetting: the steps a retiring policy takes,
+/// in an order the single steps above rarely reach (a region that grew, then rests and
+/// forgets while a follower still uses what it grew to, and a peer grows right after).
+fn retiring(n: usize) -> impl Strategy<Value = Vec<Op>> {
+    let step = prop_oneof![
+        (
+            0..n,
+            FLOOR..=WHOLE,
+            FLOOR..=WHOLE,
+            FLOOR..=WHOLE,
+            0..4u8,
+            prop::bool::weighted(0.1)
+        )
+            .prop_map(move |(r, p, a, b, hot, cut)| round(r, n, (p, a, b), hot, cut)),
+        (0..n).prop_map(|r| vec![Op::Rest(r), Op::Publish(r)]),
+        (0..n).prop_map(|r| vec![Op::Forget(r)]),
+        (0..n, 0..2usize).prop_map(|(r, f)| vec![Op::Fetch(r, f)]),
+        (0..700u64).prop_map(|ms| vec![Op::Advance(ms)]),
+    ];
+    prop::collection::vec(step, 1..40).prop_map(|steps| steps.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The invariant while regions rest and forget the policy between whole rounds.
+    #[test]
+    fn forgetting_at_rest_keeps_the_invariant(
+        (n, ops) in (2..=3usize).prop_flat_map(|n| (Just(n), retiring(n)))
+    ) {
+        let mut w = World::new(n);
+        for (i, o) in ops.iter().enumerate() {
+            w.apply(o);
+            for x in SUBJECTS {
+                prop_assert!(
+                    w.in_use(x) <= u64::from(WHOLE),
+                    "after op {i} {o:?}: subject {x:?} has {} in use", w.in_use(x)
+                );
+            }
+        }
+    }
 }
