@@ -773,30 +773,34 @@ async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
     assert!(record.contains(&"tenant-7:claim".to_string()), "{record:?}");
     assert_eq!(demand, ["tenant-7"]);
 
-    // Idle: the leader's last share before it forgets is the floor (a follower drops its
-    // slot in the round it first applies the floor, so it may never be seen there).
-    let leader = region0.iter().position(RegionalLimiter::is_leader);
-    let mut last: Vec<Option<f64>> = vec![None; region0.len()];
+    // Idle: steered to the floor before it is forgotten. The record's last share, and the
+    // last share a pod checked with while it led, are the floor (a follower drops its slot
+    // in the round it first applies the floor, so it may never be seen there).
+    let mut c = servers[0].conn();
+    let mut last_led = None;
+    let mut last_recorded = None;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now: Vec<Option<f64>> = region0.iter().map(|l| l.share("tenant-7")).collect();
-        for (seen, s) in last.iter_mut().zip(&now) {
-            if s.is_some() {
-                *seen = *s;
+        for (l, s) in region0.iter().zip(&now) {
+            if l.is_leader() && s.is_some() {
+                last_led = *s;
             }
         }
+        let recorded: Option<u32> = redis::cmd("HGET")
+            .arg("rl:{region.0}")
+            .arg("tenant-7:share")
+            .query(&mut c)
+            .unwrap();
+        last_recorded = recorded.or(last_recorded);
         if now.iter().all(Option::is_none) {
             break;
         }
         assert!(Instant::now() < deadline, "never forgotten: {now:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let leader = leader.expect("region 0 has a leader");
-    assert_eq!(
-        last[leader],
-        Some(0.05),
-        "forgotten above the floor: {last:?}"
-    );
+    assert_eq!(last_led, Some(0.05), "the leader forgot it above the floor");
+    assert_eq!(last_recorded, Some(50_000), "forgotten above the floor");
     // The leader deletes the fields right after dropping its slot.
     let deadline = Instant::now() + Duration::from_secs(5);
     let (record, demand) = loop {
@@ -852,4 +856,77 @@ async fn a_held_reservation_keeps_its_policy() {
         assert!(Instant::now() < deadline, "never forgotten once settled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// What region 0's leader never met is cleaned too: the demand counter a follower's checks
+/// made for a policy the leader has no slot for (deleted once it has not moved for
+/// `forget_idle`; the follower drops its slot), and figures a leader before it left in the
+/// record, if they are all at the floor (they read as missing). Figures above the floor
+/// stay: deleting them could let a peer grow into what a pod may still use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_leader_never_met_is_cleaned_when_it_is_safe() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let mut c = servers[0].conn();
+    let _: () = redis::cmd("HSET")
+        .arg("rl:{region.0}")
+        .arg(&[
+            "ghost:claim",
+            "50000",
+            "ghost:share",
+            "50000",
+            "ghost:demand",
+            "3.5",
+        ])
+        .arg(&[
+            "held:claim",
+            "700000",
+            "held:share",
+            "50000",
+            "held:demand",
+            "0",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let pods = forgetting_pods(&servers);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let follower = loop {
+        if let Some(i) = pods[0].iter().position(RegionalLimiter::is_leader) {
+            break &pods[0][1 - i];
+        }
+        assert!(Instant::now() < deadline, "region 0 has no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let t = tenant();
+    for _ in 0..5 {
+        follower.check_one(&t, "a", 1).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut counted = false;
+    loop {
+        let (record, demand) = region0_fields(&servers[0]);
+        let counter = demand.contains(&"tenant-7".to_string());
+        counted |= counter;
+        let ghost = record.iter().any(|f| f.starts_with("ghost:"));
+        if counted && !ghost && !counter {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not cleaned: {record:?} {demand:?} (counted: {counted})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while follower.share("tenant-7").is_some() {
+        assert!(Instant::now() < deadline, "the follower kept its idle slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (record, _) = region0_fields(&servers[0]);
+    assert!(
+        ["held:claim", "held:share", "held:demand"]
+            .iter()
+            .all(|f| record.contains(&f.to_string())),
+        "{record:?}"
+    );
 }

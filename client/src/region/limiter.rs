@@ -317,13 +317,13 @@ impl RegionalBuilder {
     }
 
     /// How long a policy met at run time (one not given to [`policy`](Self::policy)) may
-    /// go unchecked before it is forgotten (default 10 minutes): a pod then drops what it
-    /// keeps for it,
-    /// and the region's leader, once the region's share is back at the floor, also its
-    /// figures in the region's record and its demand counter. Policy names made at run
-    /// time (per tenant, say) so stay bounded by those in use. A forgotten policy checked
-    /// again starts at the floor, as a new one does, and grows within a round or two of
-    /// measured demand. `Duration::MAX` never forgets.
+    /// go unchecked (checks of cost 0 do not count) before it is forgotten (default 10
+    /// minutes, at least a rebalance period). The region's leader steers its share to the
+    /// floor, then drops its slot, its figures in the region's record and its demand
+    /// counter; another pod drops its slot once it applies the policy at the floor. So
+    /// policy names made at run time (per tenant, say) do not pile up. A forgotten policy
+    /// checked again starts at the floor, as a new one does, and grows once the leader
+    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets.
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self
@@ -367,6 +367,9 @@ impl RegionalBuilder {
             )));
         }
         settings.floor = ((floor * f64::from(WHOLE)) as u32).clamp(1, WHOLE / regions as u32);
+        // Shorter, one quiet round would steer a policy to the floor and its slots would
+        // churn.
+        settings.forget_idle = settings.forget_idle.max(settings.period);
         // A round makes a few store calls, each up to this timeout, and the shares it
         // renews last two ticks: a timeout above a tick would let them lapse, and the
         // leader's lease (four ticks) with them.
@@ -539,7 +542,8 @@ impl RegionalLimiter {
         self.shared.region
     }
 
-    /// The share of `policy` this pod checks with now (0..=1), if it has seen the policy.
+    /// The share of `policy` this pod checks with now (0..=1); `None` if it has not met the
+    /// policy, or has forgotten it ([`RegionalBuilder::forget_idle`]).
     pub fn share(&self, policy: &str) -> Option<f64> {
         self.share_in_use(policy, None)
     }

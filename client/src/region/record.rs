@@ -23,7 +23,7 @@
 use super::split::{Claims, Subject};
 use super::RegionTarget;
 use crate::background::BackgroundConn;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,6 +123,34 @@ impl Record {
         Some(out)
     }
 
+    /// The policies this record has any field for.
+    pub(crate) fn policies(&self) -> BTreeSet<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| {
+                ["claim", "share", "demand"]
+                    .iter()
+                    .find_map(|f| k.strip_suffix(f)?.strip_suffix(':'))
+                    .or_else(|| k.rsplit_once(":s:").map(|(p, _)| p))
+            })
+            .collect()
+    }
+
+    /// Whether every share and claim this record holds for `policy`, its entries' too, is
+    /// at `floor` (or missing, which reads as the floor): then dropping its fields changes
+    /// nothing a pod may use or a peer reads as claimed.
+    pub(crate) fn at_floor(&self, policy: &str, floor: u32) -> bool {
+        let f = self.figures(policy);
+        let floor_or_none = |x: Option<u32>| x.is_none_or(|x| x == floor);
+        floor_or_none(f.claim)
+            && floor_or_none(f.share)
+            && self.entries(policy).is_some_and(|entries| {
+                entries
+                    .iter()
+                    .all(|(_, e)| e.claim == floor && e.share == floor)
+            })
+    }
+
     /// The claims this record makes for `policy` (a missing figure counts at `floor`);
     /// `None` if its entries cannot be read (then the peer counts as unreadable: rule 3).
     pub(crate) fn claims(&self, policy: &str, floor: u32) -> Option<Claims> {
@@ -157,8 +185,7 @@ pub(crate) struct Publication<'a> {
     pub(crate) removed: Vec<Subject>,
 }
 
-/// A policy the leader forgot: its fields (figures and entries) leave the record, and its
-/// counter the demand hash.
+/// A policy the leader forgot: its fields (figures and entries) leave the record.
 #[derive(Debug, Clone)]
 pub(crate) struct Forgotten {
     pub(crate) policy: Arc<str>,
@@ -272,6 +299,7 @@ impl RegionStore {
         &self,
         figures: &[Publication<'_>],
         forgotten: &[&Forgotten],
+        counters: &[&str],
         pod_id: &str,
     ) -> redis::RedisResult<bool> {
         let mut removed: Vec<String> = figures
@@ -292,10 +320,8 @@ impl RegionStore {
             .arg(pod_id)
             .arg(removed.len())
             .arg(removed)
-            .arg(forgotten.len());
-        for f in forgotten {
-            cmd.arg(&*f.policy);
-        }
+            .arg(counters.len())
+            .arg(counters);
         for f in figures {
             cmd.arg(format!("{}:claim", f.policy))
                 .arg(f.claim)
@@ -389,7 +415,7 @@ mod tests {
         let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
         assert!(round.leader && !round.took_lease, "and renews it");
         assert!(store
-            .publish(&[figures(600_000, vec![])], &[], "a")
+            .publish(&[figures(600_000, vec![])], &[], &[], "a")
             .await
             .unwrap());
         assert_eq!(read().await, (Some(600_000), Some(1)));
@@ -400,10 +426,13 @@ mod tests {
             .arg(&store.leader_key)
             .query(&mut c)
             .unwrap();
-        let round = store.own_round(&[], &[], "b", lease, true).await.unwrap();
+        let round = store
+            .own_round(&[("api", 4)], &[], "b", lease, true)
+            .await
+            .unwrap();
         assert!(round.leader, "pod b takes the lease");
         assert!(store
-            .publish(&[figures(300_000, vec![])], &[], "b")
+            .publish(&[figures(300_000, vec![])], &[], &[], "b")
             .await
             .unwrap());
         // Pod a, late: neither its figures nor its removals land, nor its forgetting.
@@ -412,8 +441,19 @@ mod tests {
             policy: "api".into(),
             entries: vec![0xab],
         };
-        assert!(!store.publish(&[stale], &[&forgot], "a").await.unwrap());
+        let gone = store.publish(&[stale], &[&forgot], &["api"], "a").await;
+        assert!(!gone.unwrap());
         assert_eq!(read().await, (Some(300_000), Some(1)));
+        let counted: Option<u64> = redis::cmd("HGET")
+            .arg(&store.demand_key)
+            .arg("api")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(
+            counted,
+            Some(4),
+            "the stale leader deleted a demand counter"
+        );
         // Pod b's lease runs out too, and pod a takes it back: taken, not renewed, so it
         // leads from the record (b's figures), not from what it knew before.
         let _: () = redis::cmd("DEL")
@@ -447,7 +487,7 @@ mod tests {
             .unwrap();
         assert!(round.leader);
         let both = [figures("api"), figures("tenant-7")];
-        assert!(store.publish(&both, &[], "a").await.unwrap());
+        assert!(store.publish(&both, &[], &[], "a").await.unwrap());
         let mut c = server.conn();
         let mut fields = |key: &str| -> Vec<String> {
             let mut f: Vec<String> = redis::cmd("HKEYS").arg(key).query(&mut c).unwrap();
@@ -462,7 +502,7 @@ mod tests {
             entries: vec![0xab],
         };
         assert!(store
-            .publish(&[figures("api")], &[&forgot], "a")
+            .publish(&[figures("api")], &[&forgot], &["tenant-7"], "a")
             .await
             .unwrap());
         let kept = [
@@ -476,6 +516,35 @@ mod tests {
         let read = store.read().await.unwrap();
         assert_eq!(read.figures("tenant-7").claim, None);
         assert_eq!(read.entries("tenant-7"), Some(vec![]));
+    }
+
+    /// A record's policies, names with colons too, and which of them are all at the floor
+    /// (what a leader may delete though it never met the policy).
+    #[test]
+    fn policies_and_which_are_at_the_floor() {
+        let entry = |x: &str| format!("{}:s:{}", x, "0".repeat(15) + "1");
+        let (a, b, c) = (entry("a:b"), entry("c"), entry("d"));
+        let r = record(&[
+            ("a:b:claim", "50"),
+            ("a:b:share", "50"),
+            (&a, "50 50 0 0"),
+            ("c:share", "50"),
+            (&b, "60 50 0 0"),
+            ("d:claim", "70"),
+            ("d:share", "50"),
+            (&c, "50 50 0 0"),
+            ("e:demand", "1.5"),
+        ]);
+        assert_eq!(
+            r.policies().into_iter().collect::<Vec<_>>(),
+            ["a:b", "c", "d", "e"]
+        );
+        assert!(r.at_floor("a:b", 50));
+        assert!(!r.at_floor("c", 50), "an entry's claim above the floor");
+        assert!(!r.at_floor("d", 50), "a claim above the floor");
+        assert!(r.at_floor("e", 50), "no share, no claim: read as the floor");
+        let bad = record(&[("f:share", "50"), ("f:s:xyz", "50 50 0 0")]);
+        assert!(!bad.at_floor("f", 50), "entries that do not parse");
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {

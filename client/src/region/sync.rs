@@ -18,11 +18,11 @@
 //! tick) after writing a lower share.
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
+use super::record::{EntryFigures, Forgotten, OwnRound, Publication, Record, RegionStore};
 use super::share::{smooth, targets, WHOLE};
 use super::split::{Claims, Split, Subject};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -129,6 +129,11 @@ struct Leading {
     removed: HashMap<Arc<str>, Vec<Subject>>,
     /// Policies forgotten and not yet deleted from the record.
     forgotten: Vec<Forgotten>,
+    /// Demand counters to delete.
+    counters: Vec<Arc<str>>,
+    /// Demand counters of policies this pod has no slot for (a follower's checks made
+    /// them): their count, and when it last moved.
+    strays: HashMap<String, (u64, Instant)>,
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
@@ -285,6 +290,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             hot_taken: None,
             removed: HashMap::new(),
             forgotten: Vec::new(),
+            counters: Vec::new(),
+            strays: HashMap::new(),
             peers: vec![None; sh.regions],
             renewed_at: started,
         }
@@ -326,7 +333,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     )
     .await;
     drop(slots);
-    forget(sh, own, leading, resting, pod_id).await;
+    forget(sh, own, leading, resting, &answer, pod_id).await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
         .record(started.elapsed().as_secs_f64());
 }
@@ -549,9 +556,14 @@ fn idle_region(sh: &Shared, l: &Leading, name: &str, now: Instant) -> bool {
 /// did would count its demand in a slot nobody reads any more). Whether it went.
 fn drop_slot(sh: &Shared, name: &str) -> bool {
     let mut slots = sh.slots.write().unwrap_or_else(|p| p.into_inner());
-    let free = slots
-        .get(name)
-        .is_some_and(|slot| Arc::strong_count(slot) == 1 && slot.offered.load(Relaxed) == 0);
+    // The fence orders the count's load before the counter's: a check that released the
+    // slot has its cost in `offered` by then.
+    let free = slots.get(name).is_some_and(|slot| {
+        Arc::strong_count(slot) == 1 && {
+            std::sync::atomic::fence(Acquire);
+            slot.offered.load(Relaxed) == 0
+        }
+    });
     if free {
         slots.remove(name);
     }
@@ -563,13 +575,20 @@ fn drop_slot(sh: &Shared, name: &str) -> bool {
 /// at once (or with a later round's figures if that write fails). A peer reads a missing
 /// figure at the floor, which is where a policy at rest is, so nothing any pod may use or
 /// any region claims changes.
+///
+/// Also what no slot of this pod accounts for, as `answer` (this round's read) shows it:
+/// a policy's figures at the floor (a leader before this one left them: they read as
+/// missing), and a demand counter that has not moved for `forget_idle` (a follower's
+/// checks made it; a leader meters only its own slots' policies).
 async fn forget(
     sh: &Shared,
     own: &RegionStore,
     l: &mut Leading,
     resting: Vec<Arc<str>>,
+    answer: &OwnRound,
     pod_id: &str,
 ) {
+    let s = &sh.settings;
     for name in resting {
         if !drop_slot(sh, &name) {
             continue;
@@ -583,18 +602,58 @@ async fn forget(
         l.meters.remove(&name);
         l.subjects.remove(&name);
         tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot an idle policy");
+        l.counters.push(name.clone());
         l.forgotten.push(Forgotten {
             policy: name,
             entries,
         });
     }
-    if l.forgotten.is_empty() {
+    let now = Instant::now();
+    let has_slot = |name: &str| {
+        sh.slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(name)
+    };
+    for name in answer.record.policies() {
+        let unseen = !has_slot(name) && !l.splits.contains_key(name);
+        if unseen
+            && answer.record.at_floor(name, s.floor)
+            && !l.forgotten.iter().any(|f| &*f.policy == name)
+        {
+            let entries = answer.record.entries(name).unwrap_or_default();
+            l.forgotten.push(Forgotten {
+                policy: name.into(),
+                entries: entries.into_iter().map(|(x, _)| x).collect(),
+            });
+        }
+    }
+    l.strays.retain(|name, _| answer.offered.contains_key(name));
+    for (name, total) in &answer.offered {
+        if has_slot(name) {
+            l.strays.remove(name);
+            continue;
+        }
+        let (count, moved) = l.strays.entry(name.clone()).or_insert((*total, now));
+        if *count != *total {
+            (*count, *moved) = (*total, now);
+        }
+        let idle = now.saturating_duration_since(*moved) >= s.forget_idle;
+        if idle && !l.counters.iter().any(|c| **c == **name) {
+            l.counters.push(name.as_str().into());
+        }
+    }
+    if l.forgotten.is_empty() && l.counters.is_empty() {
         return;
     }
     let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
+    let counters: Vec<&str> = l.counters.iter().map(|c| &**c).collect();
     let wrote =
-        tokio::time::timeout(sh.settings.timeout(), own.publish(&[], &forgotten, pod_id)).await;
+        tokio::time::timeout(s.timeout(), own.publish(&[], &forgotten, &counters, pod_id)).await;
     if matches!(wrote, Ok(Ok(true))) {
+        for c in l.counters.drain(..) {
+            l.strays.remove(&*c);
+        }
         l.forgotten.clear();
     }
 }
@@ -693,12 +752,20 @@ async fn publish(
     if figures.is_empty() {
         return false;
     }
-    // A policy met again since it was forgotten is in `figures`, restored from the record.
+    // A policy met again since it was forgotten is in `figures`, restored from the record,
+    // and its counter is metered again.
     l.forgotten
         .retain(|f| !slots.iter().any(|(name, _)| *name == f.policy));
+    l.counters
+        .retain(|c| !slots.iter().any(|(name, _)| name == c));
     let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
+    let counters: Vec<&str> = l.counters.iter().map(|c| &**c).collect();
     let ok = matches!(
-        tokio::time::timeout(s.timeout(), own.publish(&figures, &forgotten, pod_id)).await,
+        tokio::time::timeout(
+            s.timeout(),
+            own.publish(&figures, &forgotten, &counters, pod_id)
+        )
+        .await,
         Ok(Ok(true))
     );
     if ok {
@@ -708,6 +775,9 @@ async fn publish(
         }
         l.removed.clear();
         l.forgotten.clear();
+        for c in l.counters.drain(..) {
+            l.strays.remove(&*c);
+        }
     }
     ok
 }

@@ -155,6 +155,8 @@ struct Region {
     record: Option<Record>,
     followers: Vec<Follower>,
     growing: Option<(Claims, Vec<Option<Option<Claims>>>)>,
+    /// A forgotten policy's fields are to be deleted.
+    deleting: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -171,9 +173,15 @@ enum Op {
     /// The leader steers the policy and every entry to the floor, as for a policy its
     /// region stopped using (no deadband).
     Rest(usize),
-    /// The region forgets the policy if its split is at rest: record and leader start over
-    /// as for a policy never seen.
+    /// The leader forgets the policy if its split is at rest: it starts over as for a
+    /// policy never seen, and the record's fields are to be deleted.
     Forget(usize),
+    /// The deletion of a forgotten policy's fields lands (it may come late, or never: a
+    /// write of the record since, or a failover, cancels it).
+    Delete(usize),
+    /// A failover to a leader that never met the policy; it deletes the record's fields if
+    /// they are all at the floor (a leader's garbage collection of figures it did not write).
+    Collect(usize),
     Advance(u64),
 }
 
@@ -191,6 +199,8 @@ fn op(n: usize) -> impl Strategy<Value = Op> {
         (0..n).prop_map(Op::Failover),
         (0..n).prop_map(Op::Rest),
         (0..n).prop_map(Op::Forget),
+        (0..n).prop_map(Op::Delete),
+        (0..n).prop_map(Op::Collect),
         (0..700u64).prop_map(Op::Advance),
     ]
 }
@@ -214,6 +224,7 @@ impl World {
                 record: None,
                 followers: vec![follower.clone(); 2],
                 growing: None,
+                deleting: false,
             })
             .collect();
         Self { regions, now }
@@ -260,6 +271,7 @@ impl World {
                 if reg.growing.is_none() {
                     reg.record = Some(Record::of(&reg.leader, reg.leader.claims(now)));
                     reg.leader.written(now, HOLD);
+                    reg.deleting = false;
                 }
             }
             Op::BeginGrow(r) => {
@@ -268,6 +280,7 @@ impl World {
                     let intents = reg.leader.intents(now);
                     reg.record = Some(Record::of(&reg.leader, intents.clone()));
                     reg.leader.written(now, HOLD);
+                    reg.deleting = false;
                     let n = self.regions.len();
                     self.regions[r].growing = Some((intents, vec![None; n]));
                 }
@@ -292,6 +305,7 @@ impl World {
                 reg.leader.grow(&intents, &peers);
                 reg.record = Some(Record::of(&reg.leader, reg.leader.claims(now)));
                 reg.leader.written(now, HOLD);
+                reg.deleting = false;
             }
             Op::Fetch(r, f) => {
                 let reg = &mut self.regions[r];
@@ -321,6 +335,7 @@ impl World {
                     lease_until: now + LEASE,
                 });
                 reg.growing = None;
+                reg.deleting = false;
                 reg.leader = match &reg.record {
                     Some(rec) => Split::restore(
                         (rec.policy, rec.claims.policy),
@@ -339,6 +354,26 @@ impl World {
             Op::Forget(r) => {
                 let reg = &mut self.regions[r];
                 if reg.growing.is_none() && reg.leader.at_rest(FLOOR, now) {
+                    reg.leader = Split::new(FLOOR);
+                    reg.deleting = true;
+                }
+            }
+            Op::Delete(r) => {
+                let reg = &mut self.regions[r];
+                if std::mem::take(&mut reg.deleting) {
+                    reg.record = None;
+                }
+            }
+            Op::Collect(r) => {
+                self.apply(&Op::Failover(r));
+                let reg = &mut self.regions[r];
+                let at_floor = reg.record.as_ref().is_some_and(|rec| {
+                    let claims = rec.claims.entries.values();
+                    rec.claims.policy == FLOOR
+                        && rec.policy == FLOOR
+                        && claims.chain(rec.entries.values()).all(|x| *x == FLOOR)
+                });
+                if at_floor {
                     reg.record = None;
                     reg.leader = Split::new(FLOOR);
                 }
@@ -504,10 +539,12 @@ fn a_policy_is_forgotten_only_at_rest() {
         "within the hold"
     );
     w.apply(&Op::Forget(0));
+    w.apply(&Op::Delete(0));
     assert!(w.regions[0].record.is_some(), "forgot within the hold");
     w.apply(&Op::Advance(HOLD.as_millis() as u64));
     assert!(w.regions[0].leader.at_rest(FLOOR, w.now));
     w.apply(&Op::Forget(0));
+    w.apply(&Op::Delete(0));
     assert!(w.regions[0].record.is_none());
     // Region 1 takes what region 0 gave up.
     w.apply(&Op::Retarget(
@@ -555,6 +592,9 @@ fn retiring(n: usize) -> impl Strategy<Value = Vec<Op>> {
             .prop_map(move |(r, p, a, b, hot, cut)| round(r, n, (p, a, b), hot, cut)),
         (0..n).prop_map(|r| vec![Op::Rest(r), Op::Publish(r)]),
         (0..n).prop_map(|r| vec![Op::Forget(r)]),
+        (0..n).prop_map(|r| vec![Op::Delete(r)]),
+        (0..n).prop_map(|r| vec![Op::Failover(r)]),
+        (0..n).prop_map(|r| vec![Op::Collect(r)]),
         (0..n, 0..2usize).prop_map(|(r, f)| vec![Op::Fetch(r, f)]),
         (0..700u64).prop_map(|ms| vec![Op::Advance(ms)]),
     ];
