@@ -323,7 +323,9 @@ impl RegionalBuilder {
     /// counter; another pod drops its slot once it applies the policy at the floor. So
     /// policy names made at run time (per tenant, say) do not pile up. A forgotten policy
     /// checked again starts at the floor, as a new one does, and grows once the leader
-    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets.
+    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets a
+    /// policy a pod has met; a leader still steers to the floor, and deletes, figures in
+    /// its record for a policy it has not met (nobody leads them).
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self
@@ -609,9 +611,12 @@ mod tests {
             .burst(1_000)
             .build()
             .unwrap();
+        // A long timeout: the answer must come from the store even while the property
+        // tests beside it load both cores (a 5 ms timeout once fell back locally there).
         let l = RegionalLimiter::builder(0, [server.url()])
             .policy(&p)
             .rebalance_period(Duration::from_secs(3_600))
+            .limiter(|b| b.timeout(Duration::from_millis(500)))
             .build()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -136,21 +136,6 @@ impl Record {
             .collect()
     }
 
-    /// Whether every share and claim this record holds for `policy`, its entries' too, is
-    /// at `floor` (or missing, which reads as the floor): then dropping its fields changes
-    /// nothing a pod may use or a peer reads as claimed.
-    pub(crate) fn at_floor(&self, policy: &str, floor: u32) -> bool {
-        let f = self.figures(policy);
-        let floor_or_none = |x: Option<u32>| x.is_none_or(|x| x == floor);
-        floor_or_none(f.claim)
-            && floor_or_none(f.share)
-            && self.entries(policy).is_some_and(|entries| {
-                entries
-                    .iter()
-                    .all(|(_, e)| e.claim == floor && e.share == floor)
-            })
-    }
-
     /// The claims this record makes for `policy` (a missing figure counts at `floor`);
     /// `None` if its entries cannot be read (then the peer counts as unreadable: rule 3).
     pub(crate) fn claims(&self, policy: &str, floor: u32) -> Option<Claims> {
@@ -518,20 +503,16 @@ mod tests {
         assert_eq!(read.entries("tenant-7"), Some(vec![]));
     }
 
-    /// A record's policies, names with colons too, and which of them are all at the floor
-    /// (what a leader may delete though it never met the policy).
+    /// A record's policies, names with colons too.
     #[test]
-    fn policies_and_which_are_at_the_floor() {
+    fn the_policies_a_record_holds() {
         let entry = |x: &str| format!("{}:s:{}", x, "0".repeat(15) + "1");
-        let (a, b, c) = (entry("a:b"), entry("c"), entry("d"));
+        let (a, c) = (entry("a:b"), entry("d"));
         let r = record(&[
             ("a:b:claim", "50"),
             ("a:b:share", "50"),
             (&a, "50 50 0 0"),
             ("c:share", "50"),
-            (&b, "60 50 0 0"),
-            ("d:claim", "70"),
-            ("d:share", "50"),
             (&c, "50 50 0 0"),
             ("e:demand", "1.5"),
         ]);
@@ -539,12 +520,6 @@ mod tests {
             r.policies().into_iter().collect::<Vec<_>>(),
             ["a:b", "c", "d", "e"]
         );
-        assert!(r.at_floor("a:b", 50));
-        assert!(!r.at_floor("c", 50), "an entry's claim above the floor");
-        assert!(!r.at_floor("d", 50), "a claim above the floor");
-        assert!(r.at_floor("e", 50), "no share, no claim: read as the floor");
-        let bad = record(&[("f:share", "50"), ("f:s:xyz", "50 50 0 0")]);
-        assert!(!bad.at_floor("f", 50), "entries that do not parse");
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {

@@ -127,6 +127,9 @@ struct Leading {
     hot_taken: Option<Instant>,
     /// Entries removed and not yet deleted from the record, by policy.
     removed: HashMap<Arc<str>, Vec<Subject>>,
+    /// Policies in the record this pod has no slot for (an earlier leader wrote them, and
+    /// pods may still use them), steered to the floor to be forgotten.
+    orphans: HashMap<Arc<str>, Split>,
     /// Policies forgotten and not yet deleted from the record.
     forgotten: Vec<Forgotten>,
     /// Demand counters to delete.
@@ -289,6 +292,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             subjects: HashMap::new(),
             hot_taken: None,
             removed: HashMap::new(),
+            orphans: HashMap::new(),
             forgotten: Vec::new(),
             counters: Vec::new(),
             strays: HashMap::new(),
@@ -314,13 +318,35 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         leading
             .meters
             .insert(name.clone(), Meter::new(f.demand, now));
+        let split = leading.orphans.remove(name).unwrap_or_else(|| {
+            Split::restore(
+                (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+                entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+                now,
+                s.hold(),
+            )
+        });
+        leading.splits.insert(name.clone(), split);
+    }
+    // A policy in the record that this pod has no slot for: nobody leads it now, yet pods
+    // may use what the record says. Adopted as a new leader adopts any policy, and steered
+    // to the floor, where it is forgotten (a record whose entries cannot be read is left
+    // as it is: its claims are not known).
+    for name in answer.record.policies() {
+        if slots.iter().any(|(k, _)| &**k == name) || leading.orphans.contains_key(name) {
+            continue;
+        }
+        let Some(entries) = answer.record.entries(name) else {
+            continue;
+        };
+        let f = answer.record.figures(name);
         let split = Split::restore(
             (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
             entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
             now,
             s.hold(),
         );
-        leading.splits.insert(name.clone(), split);
+        leading.orphans.insert(name.into(), split);
     }
     let resting = lead(
         sh,
@@ -465,6 +491,9 @@ async fn lead(
         let deadband = if resting { 0 } else { DEADBAND };
         split.retarget(policy_target, entry_target, deadband, now);
     }
+    for split in l.orphans.values_mut() {
+        split.retarget(s.floor, |_| s.floor, 0, now);
+    }
     // Phase 1: the intents (and any shrink) published before the peers are read.
     let intents: Vec<Claims> = slots
         .iter()
@@ -576,10 +605,9 @@ fn drop_slot(sh: &Shared, name: &str) -> bool {
 /// figure at the floor, which is where a policy at rest is, so nothing any pod may use or
 /// any region claims changes.
 ///
-/// Also what no slot of this pod accounts for, as `answer` (this round's read) shows it:
-/// a policy's figures at the floor (a leader before this one left them: they read as
-/// missing), and a demand counter that has not moved for `forget_idle` (a follower's
-/// checks made it; a leader meters only its own slots' policies).
+/// Also what no slot of this pod accounts for: the orphans at rest (see `round`), and a
+/// demand counter that has not moved for `forget_idle` as `answer` (this round's read)
+/// shows it (a follower's checks made it; a leader meters only its own slots' policies).
 async fn forget(
     sh: &Shared,
     own: &RegionStore,
@@ -615,16 +643,17 @@ async fn forget(
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(name)
     };
-    for name in answer.record.policies() {
-        let unseen = !has_slot(name) && !l.splits.contains_key(name);
-        if unseen
-            && answer.record.at_floor(name, s.floor)
-            && !l.forgotten.iter().any(|f| &*f.policy == name)
-        {
-            let entries = answer.record.entries(name).unwrap_or_default();
+    let rested: Vec<Arc<str>> = l
+        .orphans
+        .iter()
+        .filter(|(_, x)| x.at_rest(s.floor, now))
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in rested {
+        if let Some(x) = l.orphans.remove(&name) {
             l.forgotten.push(Forgotten {
-                policy: name.into(),
-                entries: entries.into_iter().map(|(x, _)| x).collect(),
+                policy: name,
+                entries: x.entries().keys().copied().collect(),
             });
         }
     }
@@ -643,6 +672,10 @@ async fn forget(
             l.counters.push(name.as_str().into());
         }
     }
+    // A policy met since (a slot made after this round's snapshot): its figures and counter
+    // are the next round's.
+    l.forgotten.retain(|f| !has_slot(&f.policy));
+    l.counters.retain(|c| !has_slot(c));
     if l.forgotten.is_empty() && l.counters.is_empty() {
         return;
     }
@@ -704,6 +737,28 @@ async fn take_hot(
     }
 }
 
+/// `split`'s entries as published with `claims`, each with its subject's demand in
+/// `subjects` (0 if none).
+fn entry_figures(
+    split: &Split,
+    claims: &Claims,
+    subjects: Option<&HashMap<Subject, f64>>,
+) -> Vec<(Subject, EntryFigures)> {
+    split
+        .entries()
+        .iter()
+        .map(|(x, e)| {
+            let figures = EntryFigures {
+                claim: claims.of(Some(*x)),
+                share: e.share.share(),
+                demand: subjects.and_then(|m| m.get(x)).copied().unwrap_or(0.0),
+                hot: e.hot,
+            };
+            (*x, figures)
+        })
+        .collect()
+}
+
 /// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now,
 /// if `pod_id` still holds the lease. A write that succeeded starts the hold of any shrink
 /// in it.
@@ -717,7 +772,7 @@ async fn publish(
 ) -> bool {
     let s = &sh.settings;
     let now = Instant::now();
-    let figures: Vec<Publication<'_>> = slots
+    let mut figures: Vec<Publication<'_>> = slots
         .iter()
         .enumerate()
         .filter_map(|(i, (name, _))| {
@@ -725,20 +780,7 @@ async fn publish(
             let claims = claims
                 .and_then(|c| c.get(i).cloned())
                 .unwrap_or_else(|| split.claims(now));
-            let subjects = l.subjects.get(name);
-            let entries = split
-                .entries()
-                .iter()
-                .map(|(x, e)| {
-                    let figures = EntryFigures {
-                        claim: claims.of(Some(*x)),
-                        share: e.share.share(),
-                        demand: subjects.and_then(|m| m.get(x)).copied().unwrap_or(0.0),
-                        hot: e.hot,
-                    };
-                    (*x, figures)
-                })
-                .collect();
+            let entries = entry_figures(split, &claims, l.subjects.get(name));
             Some(Publication {
                 policy: name,
                 claim: claims.policy,
@@ -749,6 +791,22 @@ async fn publish(
             })
         })
         .collect();
+    // Orphans only shrink: their intents are their claims. Not hot here, no demand known.
+    figures.extend(l.orphans.iter().map(|(name, split)| {
+        let claims = split.claims(now);
+        let mut entries = entry_figures(split, &claims, None);
+        for (_, e) in &mut entries {
+            e.hot = false;
+        }
+        Publication {
+            policy: name,
+            claim: claims.policy,
+            share: split.policy().share(),
+            demand: 0.0,
+            entries,
+            removed: Vec::new(),
+        }
+    }));
     if figures.is_empty() {
         return false;
     }
@@ -770,7 +828,7 @@ async fn publish(
     );
     if ok {
         let at = Instant::now();
-        for split in l.splits.values_mut() {
+        for split in l.splits.values_mut().chain(l.orphans.values_mut()) {
             split.written(at, s.hold());
         }
         l.removed.clear();
