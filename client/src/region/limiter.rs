@@ -288,9 +288,11 @@ impl RegionalBuilder {
     /// A policy to balance from the start, and never forget (others are added on their
     /// first check and forgotten once idle, see [`forget_idle`](Self::forget_idle)). Give
     /// every pod of a region the same policies: the region's leader rebalances only those
-    /// it knows, so a policy only some pods check stays at the floor while another pod
-    /// leads. Services that share a store with different policies need their own
-    /// [`key_prefix`](Self::key_prefix).
+    /// it knows. A policy only other pods check starts at the floor and does not grow
+    /// while this pod leads; one a former leader grew keeps its share while pods count
+    /// demand for it, and goes to the floor once they stop for
+    /// [`forget_idle`](Self::forget_idle). Services that share a store with different
+    /// policies need their own [`key_prefix`](Self::key_prefix).
     pub fn policy(mut self, policy: &Policy) -> Self {
         self.policies.push(policy.clone());
         self
@@ -323,9 +325,9 @@ impl RegionalBuilder {
     /// counter; another pod drops its slot once it applies the policy at the floor. So
     /// policy names made at run time (per tenant, say) do not pile up. A forgotten policy
     /// checked again starts at the floor, as a new one does, and grows once the leader
-    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets a
-    /// policy a pod has met; a leader still steers to the floor, and deletes, figures in
-    /// its record for a policy it has not met (nobody leads them).
+    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets; a
+    /// leader still lets a claim held above the share of a policy it has not met go after
+    /// the hold.
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self

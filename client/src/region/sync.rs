@@ -18,10 +18,10 @@
 //! tick) after writing a lower share.
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{EntryFigures, Forgotten, OwnRound, Publication, Record, RegionStore};
+use super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
 use super::share::{smooth, targets, WHOLE};
 use super::split::{Claims, Split, Subject};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -127,9 +127,8 @@ struct Leading {
     hot_taken: Option<Instant>,
     /// Entries removed and not yet deleted from the record, by policy.
     removed: HashMap<Arc<str>, Vec<Subject>>,
-    /// Policies in the record this pod has no slot for (an earlier leader wrote them, and
-    /// pods may still use them), steered to the floor to be forgotten.
-    orphans: HashMap<Arc<str>, Split>,
+    /// Policies in the record this pod has no slot for (see `adopt`).
+    orphans: HashMap<Arc<str>, Orphan>,
     /// Policies forgotten and not yet deleted from the record.
     forgotten: Vec<Forgotten>,
     /// Demand counters to delete.
@@ -140,6 +139,14 @@ struct Leading {
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
+}
+
+/// A policy in the record that the leader has no slot for.
+#[derive(Debug)]
+struct Orphan {
+    split: Split,
+    /// The region's demand as the record had it, published again unchanged.
+    demand: f64,
 }
 
 #[derive(Debug, Default)]
@@ -318,36 +325,24 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         leading
             .meters
             .insert(name.clone(), Meter::new(f.demand, now));
-        let split = leading.orphans.remove(name).unwrap_or_else(|| {
-            Split::restore(
-                (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
-                entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
-                now,
-                s.hold(),
-            )
-        });
+        let split = leading
+            .orphans
+            .remove(name)
+            .map(|o| o.split)
+            .unwrap_or_else(|| {
+                Split::restore(
+                    (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+                    entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+                    now,
+                    s.hold(),
+                )
+            });
         leading.splits.insert(name.clone(), split);
     }
-    // A policy in the record that this pod has no slot for: nobody leads it now, yet pods
-    // may use what the record says. Adopted as a new leader adopts any policy, and steered
-    // to the floor, where it is forgotten (a record whose entries cannot be read is left
-    // as it is: its claims are not known).
-    for name in answer.record.policies() {
-        if slots.iter().any(|(k, _)| &**k == name) || leading.orphans.contains_key(name) {
-            continue;
-        }
-        let Some(entries) = answer.record.entries(name) else {
-            continue;
-        };
-        let f = answer.record.figures(name);
-        let split = Split::restore(
-            (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
-            entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
-            now,
-            s.hold(),
-        );
-        leading.orphans.insert(name.into(), split);
-    }
+    let known: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
+    adopt(sh, leading, &answer.record, &known, now);
+    count_strays(sh, leading, &answer.offered, &known, now);
+    drop(known);
     let resting = lead(
         sh,
         stores,
@@ -359,7 +354,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     )
     .await;
     drop(slots);
-    forget(sh, own, leading, resting, &answer, pod_id).await;
+    forget(sh, own, leading, resting, pod_id).await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
         .record(started.elapsed().as_secs_f64());
 }
@@ -491,8 +486,22 @@ async fn lead(
         let deadband = if resting { 0 } else { DEADBAND };
         split.retarget(policy_target, entry_target, deadband, now);
     }
-    for split in l.orphans.values_mut() {
-        split.retarget(s.floor, |_| s.floor, 0, now);
+    // An orphan other pods still count demand for keeps its share (a claim or intent
+    // above it is let go after a hold); unused, it is steered to the floor, to be
+    // forgotten.
+    for (name, orphan) in &mut l.orphans {
+        let split = &mut orphan.split;
+        if in_use(sh, &l.strays, name, now) {
+            let shares: HashMap<Subject, u32> = split
+                .entries()
+                .iter()
+                .map(|(x, e)| (*x, e.share.share()))
+                .collect();
+            let share = split.policy().share();
+            split.retarget(share, |x| shares.get(&x).copied().unwrap_or(share), 0, now);
+        } else {
+            split.retarget(s.floor, |_| s.floor, 0, now);
+        }
     }
     // Phase 1: the intents (and any shrink) published before the peers are read.
     let intents: Vec<Claims> = slots
@@ -562,6 +571,77 @@ async fn lead(
         .collect()
 }
 
+/// Adopts each policy in the record that this pod has no slot (`known`) for, as a new
+/// leader adopts a record: nobody leads it now, yet pods may use what the record says. Left
+/// as it is: a policy whose entries cannot be read (its claims are not known), one with a
+/// share below the floor (the floor was raised since; a share is never raised but by
+/// growth, so it would never rest), and one whose deletion is pending.
+fn adopt(sh: &Shared, l: &mut Leading, record: &Record, known: &HashSet<&str>, now: Instant) {
+    let s = &sh.settings;
+    for name in record.policies() {
+        let pending = l.forgotten.iter().any(|f| &*f.policy == name);
+        if known.contains(name) || l.orphans.contains_key(name) || pending {
+            continue;
+        }
+        let Some(entries) = record.entries(name) else {
+            continue;
+        };
+        let f = record.figures(name);
+        let (share, claim) = (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor));
+        if share.min(claim) < s.floor || entries.iter().any(|(_, e)| e.share.min(e.claim) < s.floor)
+        {
+            continue;
+        }
+        let split = Split::restore(
+            (share, claim),
+            entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+            now,
+            s.hold(),
+        );
+        tracing::debug!(region = sh.region, policy = %name, "ratelimit: adopted a policy nobody leads");
+        let demand = f.demand.unwrap_or(0.0);
+        l.orphans.insert(name.into(), Orphan { split, demand });
+    }
+}
+
+/// Follows the demand counters of the policies this pod has no slot (`known`) for: other
+/// pods' checks move them.
+fn count_strays(
+    sh: &Shared,
+    l: &mut Leading,
+    offered: &HashMap<String, u64>,
+    known: &HashSet<&str>,
+    now: Instant,
+) {
+    let has_slot = |name: &str| {
+        known.contains(name)
+            || sh
+                .slots
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(name)
+    };
+    l.strays
+        .retain(|name, _| offered.contains_key(name) && !has_slot(name));
+    for (name, total) in offered {
+        if has_slot(name) {
+            continue;
+        }
+        let (count, moved) = l.strays.entry(name.clone()).or_insert((*total, now));
+        if *count != *total {
+            (*count, *moved) = (*total, now);
+        }
+    }
+}
+
+/// Whether some pod counted demand for `name`, a policy this pod has no slot for, within
+/// `forget_idle` (or since this pod began to lead).
+fn in_use(sh: &Shared, strays: &HashMap<String, (u64, Instant)>, name: &str, now: Instant) -> bool {
+    strays
+        .get(name)
+        .is_some_and(|(_, moved)| now.saturating_duration_since(*moved) < sh.settings.forget_idle)
+}
+
 /// Whether `name` is a policy met at run time that this pod has not used for
 /// [`Settings::forget_idle`].
 fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) -> bool {
@@ -605,15 +685,14 @@ fn drop_slot(sh: &Shared, name: &str) -> bool {
 /// figure at the floor, which is where a policy at rest is, so nothing any pod may use or
 /// any region claims changes.
 ///
-/// Also what no slot of this pod accounts for: the orphans at rest (see `round`), and a
-/// demand counter that has not moved for `forget_idle` as `answer` (this round's read)
-/// shows it (a follower's checks made it; a leader meters only its own slots' policies).
+/// Also what no slot of this pod accounts for: the orphans at rest (see [`adopt`]), and a
+/// demand counter that has not moved for `forget_idle` (another pod's checks made it; a
+/// leader meters only its own slots' policies).
 async fn forget(
     sh: &Shared,
     own: &RegionStore,
     l: &mut Leading,
     resting: Vec<Arc<str>>,
-    answer: &OwnRound,
     pod_id: &str,
 ) {
     let s = &sh.settings;
@@ -646,28 +725,20 @@ async fn forget(
     let rested: Vec<Arc<str>> = l
         .orphans
         .iter()
-        .filter(|(_, x)| x.at_rest(s.floor, now))
+        .filter(|(_, o)| o.split.at_rest(s.floor, now))
         .map(|(name, _)| name.clone())
         .collect();
     for name in rested {
-        if let Some(x) = l.orphans.remove(&name) {
+        if let Some(o) = l.orphans.remove(&name) {
+            tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot a policy nobody led");
             l.forgotten.push(Forgotten {
                 policy: name,
-                entries: x.entries().keys().copied().collect(),
+                entries: o.split.entries().keys().copied().collect(),
             });
         }
     }
-    l.strays.retain(|name, _| answer.offered.contains_key(name));
-    for (name, total) in &answer.offered {
-        if has_slot(name) {
-            l.strays.remove(name);
-            continue;
-        }
-        let (count, moved) = l.strays.entry(name.clone()).or_insert((*total, now));
-        if *count != *total {
-            (*count, *moved) = (*total, now);
-        }
-        let idle = now.saturating_duration_since(*moved) >= s.forget_idle;
+    for name in l.strays.keys() {
+        let idle = !in_use(sh, &l.strays, name, now);
         if idle && !l.counters.iter().any(|c| **c == **name) {
             l.counters.push(name.as_str().into());
         }
@@ -760,8 +831,8 @@ fn entry_figures(
 }
 
 /// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now,
-/// if `pod_id` still holds the lease. A write that succeeded starts the hold of any shrink
-/// in it.
+/// if `pod_id` still holds the lease (an orphan's claim now in either phase: it never
+/// grows). A write that succeeded starts the hold of any shrink in it.
 async fn publish(
     sh: &Shared,
     own: &RegionStore,
@@ -791,8 +862,10 @@ async fn publish(
             })
         })
         .collect();
-    // Orphans only shrink: their intents are their claims. Not hot here, no demand known.
-    figures.extend(l.orphans.iter().map(|(name, split)| {
+    // Orphans never grow: their intents are their claims. Not hot here (nobody counts
+    // their subjects).
+    figures.extend(l.orphans.iter().map(|(name, orphan)| {
+        let split = &orphan.split;
         let claims = split.claims(now);
         let mut entries = entry_figures(split, &claims, None);
         for (_, e) in &mut entries {
@@ -802,7 +875,7 @@ async fn publish(
             policy: name,
             claim: claims.policy,
             share: split.policy().share(),
-            demand: 0.0,
+            demand: orphan.demand,
             entries,
             removed: Vec::new(),
         }
@@ -828,7 +901,8 @@ async fn publish(
     );
     if ok {
         let at = Instant::now();
-        for split in l.splits.values_mut().chain(l.orphans.values_mut()) {
+        let orphans = l.orphans.values_mut().map(|o| &mut o.split);
+        for split in l.splits.values_mut().chain(orphans) {
             split.written(at, s.hold());
         }
         l.removed.clear();
