@@ -325,9 +325,10 @@ impl RegionalBuilder {
     /// counter; another pod drops its slot once it applies the policy at the floor. So
     /// policy names made at run time (per tenant, say) do not pile up. A forgotten policy
     /// checked again starts at the floor, as a new one does, and grows once the leader
-    /// pod meets it too (see [`policy`](Self::policy)). `Duration::MAX` never forgets; a
-    /// leader still lets a claim held above the share of a policy it has not met go after
-    /// the hold.
+    /// pod meets it too (see [`policy`](Self::policy)). With `Duration::MAX` a leader
+    /// forgets only figures in its record of a policy it has not met and no pod counts
+    /// demand for (it steers them to the floor first), and lets a claim held above the
+    /// share of one it has not met go after the hold.
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self

@@ -145,8 +145,10 @@ struct Leading {
 #[derive(Debug)]
 struct Orphan {
     split: Split,
-    /// The region's demand as the record had it, published again unchanged.
+    /// The region's demand as the record had it, and its entries' subjects': published
+    /// again unchanged (a leader pod that meets the policy later starts from them).
     demand: f64,
+    subjects: HashMap<Subject, f64>,
 }
 
 #[derive(Debug, Default)]
@@ -341,7 +343,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     }
     let known: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
     adopt(sh, leading, &answer.record, &known, now);
-    count_strays(sh, leading, &answer.offered, &known, now);
+    count_strays(leading, &answer.offered, &known, now);
     drop(known);
     let resting = lead(
         sh,
@@ -592,39 +594,42 @@ fn adopt(sh: &Shared, l: &mut Leading, record: &Record, known: &HashSet<&str>, n
         {
             continue;
         }
-        let split = Split::restore(
+        let mut split = Split::restore(
             (share, claim),
             entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
             now,
             s.hold(),
         );
+        // Every entry kept at its own share while in use, none hot here (nobody here
+        // counts its subjects).
+        let subjects: HashMap<Subject, f64> = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
+        split.track(&BTreeSet::new(), &subjects.keys().copied().collect());
         tracing::debug!(region = sh.region, policy = %name, "ratelimit: adopted a policy nobody leads");
         let demand = f.demand.unwrap_or(0.0);
-        l.orphans.insert(name.into(), Orphan { split, demand });
+        l.orphans.insert(
+            name.into(),
+            Orphan {
+                split,
+                demand,
+                subjects,
+            },
+        );
     }
 }
 
 /// Follows the demand counters of the policies this pod has no slot (`known`) for: other
 /// pods' checks move them.
 fn count_strays(
-    sh: &Shared,
     l: &mut Leading,
     offered: &HashMap<String, u64>,
     known: &HashSet<&str>,
     now: Instant,
 ) {
-    let has_slot = |name: &str| {
-        known.contains(name)
-            || sh
-                .slots
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(name)
-    };
+    // The round's snapshot only: a slot made since is this round's orphan still.
     l.strays
-        .retain(|name, _| offered.contains_key(name) && !has_slot(name));
+        .retain(|name, _| offered.contains_key(name) && !known.contains(&**name));
     for (name, total) in offered {
-        if has_slot(name) {
+        if known.contains(&**name) {
             continue;
         }
         let (count, moved) = l.strays.entry(name.clone()).or_insert((*total, now));
@@ -746,7 +751,9 @@ async fn forget(
     // A policy met since (a slot made after this round's snapshot): its figures and counter
     // are the next round's.
     l.forgotten.retain(|f| !has_slot(&f.policy));
-    l.counters.retain(|c| !has_slot(c));
+    let strays = &l.strays;
+    l.counters
+        .retain(|c| !has_slot(c) && !in_use(sh, strays, c, now));
     if l.forgotten.is_empty() && l.counters.is_empty() {
         return;
     }
@@ -862,15 +869,11 @@ async fn publish(
             })
         })
         .collect();
-    // Orphans never grow: their intents are their claims. Not hot here (nobody counts
-    // their subjects).
+    // Orphans never grow: their intents are their claims.
     figures.extend(l.orphans.iter().map(|(name, orphan)| {
         let split = &orphan.split;
         let claims = split.claims(now);
-        let mut entries = entry_figures(split, &claims, None);
-        for (_, e) in &mut entries {
-            e.hot = false;
-        }
+        let entries = entry_figures(split, &claims, Some(&orphan.subjects));
         Publication {
             policy: name,
             claim: claims.policy,
