@@ -194,9 +194,9 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         .filter(|(_, n)| *n > 0)
         .collect();
     let now = Instant::now();
-    state
-        .used
-        .retain(|name, _| slots.iter().any(|(k, _)| k == name));
+    let names: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
+    state.used.retain(|name, _| names.contains(&**name));
+    drop(names);
     for (name, _) in &slots {
         state.used.entry(name.clone()).or_insert(now);
     }
