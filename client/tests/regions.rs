@@ -564,11 +564,7 @@ async fn an_impossible_cost_counts_as_the_burst_in_the_demand() {
     let want = Some(2 * BURST as u64);
     let deadline = Instant::now() + Duration::from_secs(10);
     let counted = loop {
-        let n: Option<u64> = redis::cmd("HGET")
-            .arg("rl:{region.0}:demand")
-            .arg("api")
-            .query(&mut c)
-            .unwrap();
+        let n = counted(&mut c, "api");
         if n == want || Instant::now() >= deadline {
             break n;
         }
@@ -724,6 +720,24 @@ fn tenant() -> Policy {
         .unwrap()
 }
 
+/// A field of region 0's record.
+fn recorded<T: redis::FromRedisValue>(c: &mut redis::Connection, field: &str) -> Option<T> {
+    redis::cmd("HGET")
+        .arg("rl:{region.0}")
+        .arg(field)
+        .query(c)
+        .unwrap()
+}
+
+/// Region 0's demand counter of `policy`.
+fn counted(c: &mut redis::Connection, policy: &str) -> Option<u64> {
+    redis::cmd("HGET")
+        .arg("rl:{region.0}:demand")
+        .arg(policy)
+        .query(c)
+        .unwrap()
+}
+
 /// The fields region 0's store holds: its record's and its demand counters'.
 fn region0_fields(server: &Server) -> (Vec<String>, Vec<String>) {
     let mut c = server.conn();
@@ -787,12 +801,8 @@ async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
                 last_led = *s;
             }
         }
-        let recorded: Option<u32> = redis::cmd("HGET")
-            .arg("rl:{region.0}")
-            .arg("tenant-7:share")
-            .query(&mut c)
-            .unwrap();
-        last_recorded = recorded.or(last_recorded);
+        let share: Option<u32> = recorded(&mut c, "tenant-7:share");
+        last_recorded = share.or(last_recorded);
         if now.iter().all(Option::is_none) {
             break;
         }
@@ -904,11 +914,7 @@ async fn what_the_leader_never_met_is_cleaned() {
         pods[0][1].check_one(&t, "a", 1).await.unwrap();
     }
     let figure = |c: &mut redis::Connection, field: &str| -> Option<u32> {
-        let v: Option<String> = redis::cmd("HGET")
-            .arg("rl:{region.0}")
-            .arg(field)
-            .query(c)
-            .unwrap();
+        let v: Option<String> = recorded(c, field);
         v.and_then(|v| v.split(' ').next()?.parse().ok())
     };
     let mut seen: Vec<[Option<u32>; 3]> = Vec::new();
@@ -991,13 +997,7 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
         .unwrap();
     // The first figure of a field (claim and share of an entry: its first two).
     let figures = |c: &mut redis::Connection| -> [Option<String>; 5] {
-        ["busy:claim", "busy:share", "busy:demand", entry, entry].map(|f| {
-            redis::cmd("HGET")
-                .arg("rl:{region.0}")
-                .arg(f)
-                .query::<Option<String>>(c)
-                .unwrap()
-        })
+        ["busy:claim", "busy:share", "busy:demand", entry, entry].map(|f| recorded(c, f))
     };
     let parsed = |f: &[Option<String>; 5]| -> [Option<f64>; 5] {
         let word = |v: &Option<String>, i: usize| {
@@ -1066,11 +1066,7 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
     loop {
         let now = parsed(&figures(&mut c));
         floored |= now[1] == Some(50_000.0) && now[4] == Some(50_000.0);
-        let counter: Option<u64> = redis::cmd("HGET")
-            .arg("rl:{region.0}:demand")
-            .arg("busy")
-            .query(&mut c)
-            .unwrap();
+        let counter = counted(&mut c, "busy");
         if now.iter().all(Option::is_none) && counter.is_none() {
             break;
         }

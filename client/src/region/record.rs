@@ -89,6 +89,9 @@ impl EntryFigures {
     }
 }
 
+/// A policy's own fields in a record, each `<policy>:<figure>`.
+const FIGURES: [&str; 3] = ["claim", "share", "demand"];
+
 /// The record field of `policy`'s entry for `subject`.
 fn entry_field(policy: &str, subject: Subject) -> String {
     format!("{policy}:s:{subject:016x}")
@@ -128,7 +131,7 @@ impl Record {
         self.0
             .keys()
             .filter_map(|k| {
-                ["claim", "share", "demand"]
+                FIGURES
                     .iter()
                     .find_map(|f| k.strip_suffix(f)?.strip_suffix(':'))
                     .or_else(|| k.rsplit_once(":s:").map(|(p, _)| p))
@@ -293,7 +296,7 @@ impl RegionStore {
             .collect();
         for f in forgotten {
             let p = &f.policy;
-            removed.extend(["claim", "share", "demand"].map(|x| format!("{p}:{x}")));
+            removed.extend(FIGURES.map(|x| format!("{p}:{x}")));
             removed.extend(f.entries.iter().map(|x| entry_field(p, *x)));
         }
         let mut cmd = redis::cmd("EVAL");

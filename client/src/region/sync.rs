@@ -18,7 +18,7 @@
 //! tick) after writing a lower share.
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
+use super::record::{EntryFigures, Figures, Forgotten, Publication, Record, RegionStore};
 use super::share::{smooth, targets, WHOLE};
 use super::split::{Claims, Split, Subject};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -73,6 +73,11 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// Whether what last moved at `since` has been still for `forget_idle` at `now`.
+    fn idle(&self, since: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(since) >= self.forget_idle
+    }
+
     pub(crate) fn tick(&self) -> Duration {
         self.period / 4
     }
@@ -141,6 +146,16 @@ struct Leading {
     renewed_at: Instant,
 }
 
+impl Leading {
+    /// The pending deletions were written: forgotten policies' fields and counters gone.
+    fn deleted(&mut self) {
+        self.forgotten.clear();
+        for c in self.counters.drain(..) {
+            self.strays.remove(&*c);
+        }
+    }
+}
+
 /// A policy in the record that the leader has no slot for.
 #[derive(Debug)]
 struct Orphan {
@@ -194,9 +209,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         .filter(|(_, n)| *n > 0)
         .collect();
     let now = Instant::now();
-    let names: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
-    state.used.retain(|name, _| names.contains(&**name));
-    drop(names);
+    let known: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
+    state.used.retain(|name, _| known.contains(&**name));
     for (name, _) in &slots {
         state.used.entry(name.clone()).or_insert(now);
     }
@@ -269,6 +283,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             })
             .map(|(name, _)| name.clone())
             .collect();
+        drop(known);
         drop(slots);
         for name in idle {
             drop_slot(sh, &name);
@@ -330,18 +345,9 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         let split = leading
             .orphans
             .remove(name)
-            .map(|o| o.split)
-            .unwrap_or_else(|| {
-                Split::restore(
-                    (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
-                    entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
-                    now,
-                    s.hold(),
-                )
-            });
+            .map_or_else(|| restore(s, &f, &entries, now), |o| o.split);
         leading.splits.insert(name.clone(), split);
     }
-    let known: HashSet<&str> = slots.iter().map(|(name, _)| &**name).collect();
     adopt(sh, leading, &answer.record, &known, now);
     count_strays(leading, &answer.offered, &known, now);
     drop(known);
@@ -488,21 +494,13 @@ async fn lead(
         let deadband = if resting { 0 } else { DEADBAND };
         split.retarget(policy_target, entry_target, deadband, now);
     }
-    // An orphan other pods still count demand for keeps its share (a claim or intent
-    // above it is let go after a hold); unused, it is steered to the floor, to be
-    // forgotten.
+    // An orphan nobody counts demand for any more is steered to the floor, to be
+    // forgotten. One in use is left alone: restored with every target at its share, it
+    // keeps its shares (it never grows), and a claim or intent above them goes after the
+    // hold.
     for (name, orphan) in &mut l.orphans {
-        let split = &mut orphan.split;
-        if in_use(sh, &l.strays, name, now) {
-            let shares: HashMap<Subject, u32> = split
-                .entries()
-                .iter()
-                .map(|(x, e)| (*x, e.share.share()))
-                .collect();
-            let share = split.policy().share();
-            split.retarget(share, |x| shares.get(&x).copied().unwrap_or(share), 0, now);
-        } else {
-            split.retarget(s.floor, |_| s.floor, 0, now);
+        if !in_use(sh, &l.strays, name, now) {
+            orphan.split.retarget(s.floor, |_| s.floor, 0, now);
         }
     }
     // Phase 1: the intents (and any shrink) published before the peers are read.
@@ -573,6 +571,17 @@ async fn lead(
         .collect()
 }
 
+/// A policy's split as a new leader takes it from the record: each share with its claim
+/// held for a hold from `now` (a missing figure at the floor).
+fn restore(s: &Settings, f: &Figures, entries: &[(Subject, EntryFigures)], now: Instant) -> Split {
+    Split::restore(
+        (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+        entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+        now,
+        s.hold(),
+    )
+}
+
 /// Adopts each policy in the record that this pod has no slot (`known`) for, as a new
 /// leader adopts a record: nobody leads it now, yet pods may use what the record says. Left
 /// as it is: a policy whose entries cannot be read (its claims are not known), one with a
@@ -594,12 +603,7 @@ fn adopt(sh: &Shared, l: &mut Leading, record: &Record, known: &HashSet<&str>, n
         {
             continue;
         }
-        let mut split = Split::restore(
-            (share, claim),
-            entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
-            now,
-            s.hold(),
-        );
+        let mut split = restore(s, &f, &entries, now);
         // Every entry kept at its own share while in use, none hot here (nobody here
         // counts its subjects).
         let subjects: HashMap<Subject, f64> = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
@@ -644,7 +648,7 @@ fn count_strays(
 fn in_use(sh: &Shared, strays: &HashMap<String, (u64, Instant)>, name: &str, now: Instant) -> bool {
     strays
         .get(name)
-        .is_some_and(|(_, moved)| now.saturating_duration_since(*moved) < sh.settings.forget_idle)
+        .is_some_and(|(_, moved)| !sh.settings.idle(*moved, now))
 }
 
 /// Whether `name` is a policy met at run time that this pod has not used for
@@ -654,7 +658,7 @@ fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) -> bool {
         && state
             .used
             .get(name)
-            .is_some_and(|at| now.saturating_duration_since(*at) >= sh.settings.forget_idle)
+            .is_some_and(|at| sh.settings.idle(*at, now))
 }
 
 /// Whether `name` is a policy met at run time that no pod of the region has used for
@@ -663,7 +667,7 @@ fn idle_region(sh: &Shared, l: &Leading, name: &str, now: Instant) -> bool {
     !sh.kept.contains(name)
         && l.meters
             .get(name)
-            .is_some_and(|m| now.saturating_duration_since(m.moved) >= sh.settings.forget_idle)
+            .is_some_and(|m| sh.settings.idle(m.moved, now))
 }
 
 /// Drops this pod's slot for `name` unless a check or a reservation holds it (one that
@@ -762,10 +766,7 @@ async fn forget(
     let wrote =
         tokio::time::timeout(s.timeout(), own.publish(&[], &forgotten, &counters, pod_id)).await;
     if matches!(wrote, Ok(Ok(true))) {
-        for c in l.counters.drain(..) {
-            l.strays.remove(&*c);
-        }
-        l.forgotten.clear();
+        l.deleted();
     }
 }
 
@@ -909,10 +910,7 @@ async fn publish(
             split.written(at, s.hold());
         }
         l.removed.clear();
-        l.forgotten.clear();
-        for c in l.counters.drain(..) {
-            l.strays.remove(&*c);
-        }
+        l.deleted();
     }
     ok
 }

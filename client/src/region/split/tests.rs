@@ -365,6 +365,23 @@ impl World {
     }
 }
 
+/// Applies `ops` to a world of `n` regions, checking the invariant for every subject after
+/// each step.
+fn holds_the_invariant(n: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut w = World::new(n);
+    for (i, o) in ops.iter().enumerate() {
+        w.apply(o);
+        for x in SUBJECTS {
+            prop_assert!(
+                w.in_use(x) <= u64::from(WHOLE),
+                "after op {i} {o:?}: subject {x:?} has {} in use",
+                w.in_use(x)
+            );
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -376,16 +393,7 @@ proptest! {
     fn every_subjects_shares_never_sum_above_the_whole(
         (n, ops) in (2..=3usize).prop_flat_map(|n| (Just(n), prop::collection::vec(op(n), 1..200)))
     ) {
-        let mut w = World::new(n);
-        for (i, o) in ops.iter().enumerate() {
-            w.apply(o);
-            for x in SUBJECTS {
-                prop_assert!(
-                    w.in_use(x) <= u64::from(WHOLE),
-                    "after op {i} {o:?}: subject {x:?} has {} in use", w.in_use(x)
-                );
-            }
-        }
+        holds_the_invariant(n, &ops)?;
     }
 }
 
@@ -591,15 +599,6 @@ proptest! {
     fn forgetting_at_rest_keeps_the_invariant(
         (n, ops) in (2..=3usize).prop_flat_map(|n| (Just(n), retiring(n)))
     ) {
-        let mut w = World::new(n);
-        for (i, o) in ops.iter().enumerate() {
-            w.apply(o);
-            for x in SUBJECTS {
-                prop_assert!(
-                    w.in_use(x) <= u64::from(WHOLE),
-                    "after op {i} {o:?}: subject {x:?} has {} in use", w.in_use(x)
-                );
-            }
-        }
+        holds_the_invariant(n, &ops)?;
     }
 }
