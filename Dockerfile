@@ -7,8 +7,9 @@
 #   redis-cli RL.CHECK user:42 1.6666666666666667 20 1
 #
 # The module is loaded at start whatever arguments are given (scripts/docker/entrypoint.sh),
-# the server runs as its own non-root user, and a healthcheck pings it. Builder and server
-# images are Debian bookworm based, so the module links against the same glibc.
+# the server runs as its own non-root user, and a healthcheck pings it on whichever port it
+# listens on (scripts/docker/healthcheck.sh). Builder and server images are Debian bookworm
+# based, so the module links against the same glibc.
 #
 # The base images are build arguments only so that scripts/docker/build can point them at
 # local stand-ins where no registry is reachable; a normal build uses the public ones.
@@ -46,8 +47,9 @@ ARG REDIS_IMAGE
 LABEL org.opencontainers.image.base.name="${REDIS_IMAGE}"
 COPY --from=build /libredis_ratelimit.so /usr/local/lib/redis-ratelimit/
 COPY scripts/docker/entrypoint.sh /usr/local/bin/ratelimit-entrypoint.sh
+COPY scripts/docker/healthcheck.sh /usr/local/bin/ratelimit-healthcheck.sh
 USER redis
-HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["sh", "-c", "[ \"$(redis-cli ping)\" = PONG ]"]
+HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["ratelimit-healthcheck.sh"]
 ENTRYPOINT ["ratelimit-entrypoint.sh"]
 CMD ["redis-server"]
 
@@ -56,8 +58,9 @@ ARG VALKEY_IMAGE
 LABEL org.opencontainers.image.base.name="${VALKEY_IMAGE}"
 COPY --from=build /libredis_ratelimit.so /usr/local/lib/redis-ratelimit/
 COPY scripts/docker/entrypoint.sh /usr/local/bin/ratelimit-entrypoint.sh
+COPY scripts/docker/healthcheck.sh /usr/local/bin/ratelimit-healthcheck.sh
 USER valkey
-HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["sh", "-c", "[ \"$(valkey-cli ping)\" = PONG ]"]
+HEALTHCHECK --interval=5s --timeout=3s --retries=3 CMD ["ratelimit-healthcheck.sh"]
 ENTRYPOINT ["ratelimit-entrypoint.sh"]
 CMD ["valkey-server"]
 
