@@ -97,13 +97,49 @@ fn entry_field(policy: &str, subject: Subject) -> String {
     format!("{policy}:s:{subject:016x}")
 }
 
-/// A record as read: figures by policy name.
+/// A record as read, its entries indexed by policy once: a leader's round looks up every
+/// policy it leads in every peer's record, and a scan of the fields per lookup made that
+/// quadratic in the policies (thousands of run-time ones).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Record(HashMap<String, String>);
+pub(crate) struct Record {
+    fields: HashMap<String, String>,
+    /// Each policy's entries; `None` where one of its entry fields does not parse.
+    entries: HashMap<String, Option<Vec<(Subject, EntryFigures)>>>,
+}
+
+impl From<HashMap<String, String>> for Record {
+    fn from(fields: HashMap<String, String>) -> Self {
+        let mut entries: HashMap<String, Option<Vec<(Subject, EntryFigures)>>> = HashMap::new();
+        for (k, v) in &fields {
+            if figure_of(k).is_some() {
+                continue;
+            }
+            let Some((policy, x)) = k.rsplit_once(":s:") else {
+                continue;
+            };
+            let parsed = parse_subject(x).zip(EntryFigures::parse(v));
+            let list = entries
+                .entry(policy.to_owned())
+                .or_insert_with(|| Some(Vec::new()));
+            match (list.as_mut(), parsed) {
+                (Some(list), Some(entry)) => list.push(entry),
+                _ => *list = None,
+            }
+        }
+        Self { fields, entries }
+    }
+}
+
+/// The policy whose own figure `field` is (`<policy>:claim`, say).
+fn figure_of(field: &str) -> Option<&str> {
+    FIGURES
+        .iter()
+        .find_map(|f| field.strip_suffix(f)?.strip_suffix(':'))
+}
 
 impl Record {
     pub(crate) fn figures(&self, policy: &str) -> Figures {
-        let get = |field: &str| self.0.get(&format!("{policy}:{field}"));
+        let get = |field: &str| self.fields.get(&format!("{policy}:{field}"));
         Figures {
             claim: get("claim").and_then(|v| v.parse().ok()),
             share: get("share").and_then(|v| v.parse().ok()),
@@ -115,27 +151,17 @@ impl Record {
     /// writes it (16 lowercase hex digits, four figures): such a record is not trusted,
     /// since a dropped entry would read as the policy's claim, which may be lower.
     pub(crate) fn entries(&self, policy: &str) -> Option<Vec<(Subject, EntryFigures)>> {
-        let prefix = format!("{policy}:s:");
-        let mut out = Vec::new();
-        for (k, v) in &self.0 {
-            let Some(x) = k.strip_prefix(&prefix) else {
-                continue;
-            };
-            out.push((parse_subject(x)?, EntryFigures::parse(v)?));
-        }
-        Some(out)
+        self.entries
+            .get(policy)
+            .cloned()
+            .unwrap_or(Some(Vec::new()))
     }
 
     /// The policies this record has any field for.
     pub(crate) fn policies(&self) -> BTreeSet<&str> {
-        self.0
+        self.fields
             .keys()
-            .filter_map(|k| {
-                FIGURES
-                    .iter()
-                    .find_map(|f| k.strip_suffix(f)?.strip_suffix(':'))
-                    .or_else(|| k.rsplit_once(":s:").map(|(p, _)| p))
-            })
+            .filter_map(|k| figure_of(k).or_else(|| k.rsplit_once(":s:").map(|(p, _)| p)))
             .collect()
     }
 
@@ -274,7 +300,7 @@ impl RegionStore {
         Ok(OwnRound {
             leader: leader >= 1,
             took_lease: leader == 2,
-            record: Record(record),
+            record: record.into(),
             offered: counters,
         })
     }
@@ -357,7 +383,7 @@ impl RegionStore {
             .arg(&self.record_key)
             .query_async::<HashMap<String, String>>(&mut self.conn.live().await?)
             .await
-            .map(Record)
+            .map(Record::from)
     }
 }
 
@@ -526,12 +552,11 @@ mod tests {
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {
-        Record(
-            fields
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
+        fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<HashMap<_, _>>()
+            .into()
     }
 
     #[test]
@@ -562,5 +587,17 @@ mod tests {
         // Another policy's bad field says nothing of this one.
         let other = record(&[("api:claim", "300000"), ("web:s:zz", "x")]);
         assert_eq!(other.entries("api"), Some(Vec::new()));
+        // A good entry beside a bad one: not trusted either, whichever is indexed first.
+        let mixed = record(&[(&field, &e.encode()), ("api:s:ab", "1 1 1 1")]);
+        assert_eq!(mixed.entries("api"), None);
+        // A policy whose name holds ":s:" has its own fields, not `api`'s.
+        let nested = entry_field("api:s:v2", 0xab);
+        let named = record(&[
+            (&field, &e.encode()),
+            (&nested, &e.encode()),
+            ("api:s:v2:claim", "1"),
+        ]);
+        assert_eq!(named.entries("api"), Some(vec![(0xab, e)]));
+        assert_eq!(named.entries("api:s:v2"), Some(vec![(0xab, e)]));
     }
 }
