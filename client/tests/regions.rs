@@ -868,12 +868,14 @@ async fn a_held_reservation_keeps_its_policy() {
     }
 }
 
-/// What region 0's leader has no slot for is cleaned too, where an earlier leader or other
-/// pods left it:
-/// - figures in the record: adopted and steered to the floor as any shrink is (a claim
-///   above the floor stays for the hold: sampled, each figure only falls), then deleted;
-/// - a demand counter no slot of the leader's accounts for, once it has not moved for
-///   `forget_idle` (written by hand here, as another pod's checks would make it);
+/// What region 0's leader has no slot for and nobody uses is cleaned too, where an earlier
+/// leader or other pods left it:
+/// - figures in the record with no demand counter: led and steered to the floor at once,
+///   as any shrink is (a claim above the floor stays for the hold: sampled, each figure
+///   only falls), then deleted;
+/// - a demand counter with no figures (written by hand here, as another pod's checks would
+///   make it): led like any policy (with no demand anywhere, at an even split), then, once
+///   it has not moved for `forget_idle`, steered to the floor and deleted with the counter;
 /// - and, for the policy one pod checked, that pod's slot and its counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_leader_never_met_is_cleaned() {
@@ -971,13 +973,13 @@ async fn what_the_leader_never_met_is_cleaned() {
 }
 
 /// A policy in region 0's record that its leader has no slot for, while other pods still
-/// count demand for it (its counter moves; by hand here): the leader keeps its share and
-/// its subject's entry (not marked hot, as an orphan republishes it: a second failover
-/// must not cut it), republishes the recorded demand, and lets the claims held above
-/// them go only after the hold; once the counter has stood still for `forget_idle`, it
-/// steers the policy to the floor, then deletes it and the counter.
+/// count demand for it (its counter moves; by hand here, about 100 a second): the leader
+/// leads it from its counter. It starts from the record's figures, grows the share with
+/// the demand it measures (region 0 alone has any), and publishes that demand; no claim
+/// ever falls under its share. Once the counter has stood still for `forget_idle`, it steers the policy to
+/// the floor, then deletes it and the counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_orphan_in_use_keeps_its_share_until_idle() {
+async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
     let _serial = SERIAL.lock().await;
     let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
     let mut c = servers[0].conn();
@@ -996,8 +998,14 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
         .query(&mut c)
         .unwrap();
     // The first figure of a field (claim and share of an entry: its first two).
+    // One HMGET: the figures of one write, never of two.
     let figures = |c: &mut redis::Connection| -> [Option<String>; 5] {
-        ["busy:claim", "busy:share", "busy:demand", entry, entry].map(|f| recorded(c, f))
+        let [claim, share, demand, e]: [Option<String>; 4] = redis::cmd("HMGET")
+            .arg("rl:{region.0}")
+            .arg(&["busy:claim", "busy:share", "busy:demand", entry])
+            .query(c)
+            .unwrap();
+        [claim, share, demand, e.clone(), e]
     };
     let parsed = |f: &[Option<String>; 5]| -> [Option<f64>; 5] {
         let word = |v: &Option<String>, i: usize| {
@@ -1021,10 +1029,10 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
     };
     count(&mut c);
     // A 1.6 s period: a hold of 1.2 s, long enough to be seen however the host is loaded.
-    let _pods = forgetting_pods(&servers, Duration::from_millis(1_600));
-    // In use for 5 s, more than twice `forget_idle`.
+    let pods = forgetting_pods(&servers, Duration::from_millis(1_600));
+    // In use for 6 s, three times `forget_idle`.
     let mut seen: Vec<[Option<f64>; 5]> = Vec::new();
-    let until = Instant::now() + Duration::from_secs(5);
+    let until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < until {
         count(&mut c);
         let now = parsed(&figures(&mut c));
@@ -1033,39 +1041,47 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // [policy claim, share, demand, entry claim, entry share], every sample.
-    let held = [
+    // [policy claim, share, demand, entry claim, entry share].
+    let seeded = [
         Some(600_000.0),
         Some(400_000.0),
         Some(7.0),
         Some(700_000.0),
         Some(500_000.0),
     ];
-    let kept = [
-        Some(400_000.0),
-        Some(400_000.0),
-        Some(7.0),
-        Some(500_000.0),
-        Some(500_000.0),
-    ];
-    assert_eq!(seen.first(), Some(&held), "{seen:?}");
-    assert_eq!(seen.last(), Some(&kept), "the held claims stayed: {seen:?}");
+    assert_eq!(seen.first(), Some(&seeded), "{seen:?}");
     for s in &seen {
+        // Led from the record's figures, not from the floor: region 0 alone counts demand
+        // for it, so its share only grows.
         assert!(
-            s[1..3] == kept[1..3] && s[4] == kept[4],
-            "a share or the demand moved while in use: {seen:?}"
+            s[1] >= Some(400_000.0),
+            "the share fell under the record's: {seen:?}"
         );
+        assert!(s[0] >= s[1], "a claim under its share: {seen:?}");
         assert!(
-            s[0] >= s[1] && s[3] >= s[4],
-            "a claim under its share: {seen:?}"
+            s[3].is_none() || s[3] >= s[4],
+            "an entry's claim under its share: {seen:?}"
         );
     }
+    let last = seen.last().copied().unwrap_or_default();
+    // Region 0 alone counts demand for it: all but the peers' floors.
+    assert!(
+        last[1].is_some_and(|s| s >= 850_000.0),
+        "never grew with its counter: {seen:?}"
+    );
+    assert!(
+        last[2].is_some_and(|d| d > 30.0),
+        "the demand published is not the counter's: {seen:?}"
+    );
+    // No pod of region 0 met it: the leader led it without a slot.
+    assert!(pods[0].iter().all(|l| l.share("busy").is_none()));
+
     // Idle: to the floor, then gone, the counter too.
     let mut floored = false;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = parsed(&figures(&mut c));
-        floored |= now[1] == Some(50_000.0) && now[4] == Some(50_000.0);
+        floored |= now[1] == Some(50_000.0);
         let counter = counted(&mut c, "busy");
         if now.iter().all(Option::is_none) && counter.is_none() {
             break;
@@ -1077,4 +1093,47 @@ async fn an_orphan_in_use_keeps_its_share_until_idle() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(floored, "deleted without being steered to the floor");
+}
+
+/// A run-time policy only one pod of region 0 checks, and not the region's leader pod:
+/// the leader grows the region's share with the demand the other pod's checks count, and
+/// that pod checks with it. (Before, it stayed at the floor while the other pod led.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    // A 1.6 s period: a lease of 1.6 s, which a loaded host does not let lapse.
+    let pods = forgetting_pods(&servers, Duration::from_millis(1_600));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (leader, follower) = loop {
+        match pods[0].iter().position(RegionalLimiter::is_leader) {
+            Some(i) => break (&pods[0][i], &pods[0][1 - i]),
+            None => assert!(Instant::now() < deadline, "region 0 has no leader"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let t = tenant();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut share = None;
+    while share.is_none_or(|s| s < 0.8) {
+        // About twice the limit, from this pod alone.
+        for _ in 0..6 {
+            let _ = follower.check_one(&t, "busy", 1).await;
+        }
+        share = follower.share("tenant-7");
+        assert!(
+            Instant::now() < deadline,
+            "the follower's share stayed at {share:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Led all along by the other pod, which never met the policy.
+    assert!(
+        !follower.is_leader(),
+        "leadership moved to the pod checking"
+    );
+    assert_eq!(leader.share("tenant-7"), None, "the leader pod met it");
+    let mut c = servers[0].conn();
+    let recorded: Option<u32> = recorded(&mut c, "tenant-7:share");
+    assert!(recorded.is_some_and(|s| s >= 800_000), "{recorded:?}");
 }

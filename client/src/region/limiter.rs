@@ -286,13 +286,15 @@ impl RegionalBuilder {
     }
 
     /// A policy to balance from the start, and never forget (others are added on their
-    /// first check and forgotten once idle, see [`forget_idle`](Self::forget_idle)). Give
-    /// every pod of a region the same policies: the region's leader rebalances only those
-    /// it knows. A policy only other pods check starts at the floor and does not grow
-    /// while this pod leads; one a former leader grew keeps its share while pods count
-    /// demand for it, and goes to the floor once they stop for
-    /// [`forget_idle`](Self::forget_idle). Services that share a store with different
-    /// policies need their own [`key_prefix`](Self::key_prefix).
+    /// first check and forgotten once idle, see [`forget_idle`](Self::forget_idle)). Pods
+    /// of a region need not have the same policies: the region's leader also rebalances
+    /// the policies only other pods check, from the demand their checks count in the
+    /// region's store (it marks their busy subjects hot by their part of that demand
+    /// alone, as it does not know their limits). While a pod without this policy leads,
+    /// though, it is led as one met at run time: at the floor until counted, forgotten
+    /// by the leader when idle; give a policy that must keep its share while idle to every
+    /// pod. Services that share a store with different policies need their own
+    /// [`key_prefix`](Self::key_prefix).
     pub fn policy(mut self, policy: &Policy) -> Self {
         self.policies.push(policy.clone());
         self
@@ -324,11 +326,10 @@ impl RegionalBuilder {
     /// floor, then drops its slot, its figures in the region's record and its demand
     /// counter; another pod drops its slot once it applies the policy at the floor. So
     /// policy names made at run time (per tenant, say) do not pile up. A forgotten policy
-    /// checked again starts at the floor, as a new one does, and grows once the leader
-    /// pod meets it too (see [`policy`](Self::policy)). With `Duration::MAX` a leader
-    /// forgets only figures in its record of a policy it has not met and no pod counts
-    /// demand for (it steers them to the floor first), and lets a claim held above the
-    /// share of one it has not met go after the hold.
+    /// checked again starts at the floor, as a new one does, and grows with its measured
+    /// demand. The leader forgets a policy it has no slot for once no pod has counted
+    /// demand for it for as long (with `Duration::MAX`: once it has no demand counter at
+    /// all, its figures steered to the floor first).
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self

@@ -216,16 +216,22 @@ return 0";
 
 /// The leader's write: `KEYS` the record, the leader key and the demand hash; `ARGV` the
 /// pod id, the number of record fields to delete, those fields, the number of demand
-/// fields to delete, those fields, then record field/value pairs to set. Nothing unless
-/// the pod holds the lease. One field per call: no `unpack` of a list that could pass
-/// Lua's limit.
+/// counters to delete, each counter with the count it was forgotten at (a missing counter
+/// counts 0), then record field/value pairs to set. A counter that moved since is kept:
+/// a pod counted demand after the leader's last read, and the next round leads it again.
+/// Nothing unless the pod holds the lease. One field per call: no `unpack` of a list that
+/// could pass Lua's limit.
 const PUBLISH_LUA: &str = r"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 local n = tonumber(ARGV[2])
 for i = 3, 2 + n do redis.call('HDEL', KEYS[1], ARGV[i]) end
 local m = tonumber(ARGV[3 + n])
-for i = 4 + n, 3 + n + m do redis.call('HDEL', KEYS[3], ARGV[i]) end
-for i = 4 + n + m, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 4 + n, 3 + n + 2 * m, 2 do
+  if (redis.call('HGET', KEYS[3], ARGV[i]) or '0') == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[3], ARGV[i])
+  end
+end
+for i = 4 + n + 2 * m, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1";
 
 /// What one sync round trip to the pod's own store answered.
@@ -313,7 +319,7 @@ impl RegionStore {
         &self,
         figures: &[Publication<'_>],
         forgotten: &[&Forgotten],
-        counters: &[&str],
+        counters: &[(&str, u64)],
         pod_id: &str,
     ) -> redis::RedisResult<bool> {
         let mut removed: Vec<String> = figures
@@ -334,8 +340,10 @@ impl RegionStore {
             .arg(pod_id)
             .arg(removed.len())
             .arg(removed)
-            .arg(counters.len())
-            .arg(counters);
+            .arg(counters.len());
+        for (c, count) in counters {
+            cmd.arg(*c).arg(*count);
+        }
         for f in figures {
             cmd.arg(format!("{}:claim", f.policy))
                 .arg(f.claim)
@@ -455,7 +463,9 @@ mod tests {
             policy: "api".into(),
             entries: vec![0xab],
         };
-        let gone = store.publish(&[stale], &[&forgot], &["api"], "a").await;
+        let gone = store
+            .publish(&[stale], &[&forgot], &[("api", 4)], "a")
+            .await;
         assert!(!gone.unwrap());
         assert_eq!(read().await, (Some(300_000), Some(1)));
         let counted: Option<u64> = redis::cmd("HGET")
@@ -494,7 +504,7 @@ mod tests {
             removed: vec![],
         };
         let lease = Duration::from_secs(10);
-        let offered = [("api", 5), ("tenant-7", 3)];
+        let offered = [("api", 5), ("tenant-7", 3), ("web", 4)];
         let round = store
             .own_round(&offered, &[], "a", lease, true)
             .await
@@ -509,14 +519,16 @@ mod tests {
             f
         };
         assert_eq!(fields(&store.record_key).len(), 8);
-        assert_eq!(fields(&store.demand_key), ["api", "tenant-7"]);
+        assert_eq!(fields(&store.demand_key), ["api", "tenant-7", "web"]);
 
         let forgot = Forgotten {
             policy: "tenant-7".into(),
             entries: vec![0xab],
         };
+        // `web` forgotten at 3, but a pod has counted it since (4): its counter stays.
+        let counters = [("tenant-7", 3), ("web", 3)];
         assert!(store
-            .publish(&[figures("api")], &[&forgot], &["tenant-7"], "a")
+            .publish(&[figures("api")], &[&forgot], &counters, "a")
             .await
             .unwrap());
         let kept = [
@@ -526,7 +538,7 @@ mod tests {
             "api:share",
         ];
         assert_eq!(fields(&store.record_key), kept);
-        assert_eq!(fields(&store.demand_key), ["api"]);
+        assert_eq!(fields(&store.demand_key), ["api", "web"]);
         let read = store.read().await.unwrap();
         assert_eq!(read.figures("tenant-7").claim, None);
         assert_eq!(read.entries("tenant-7"), Some(vec![]));

@@ -5,11 +5,18 @@
 //! period's worth of rounds weighs the smoothing weight), publish the intent, read the
 //! peers, grow if there is room, publish the claims. Other pods follow the record's shares.
 //!
+//! The leader leads every policy its region counts demand for, not only those its own pod
+//! has met: a policy in its record or in its demand counters that it has no slot for (an
+//! *orphan*: a policy met at run time that only other pods check, or one a former leader
+//! left) is restored from the record and rebalanced from its counter like the rest, and
+//! forgotten like the rest once idle. So pods need not all be built with the same policies.
+//!
 //! Hot subjects: each pod counts its busiest subjects per policy ([`super::hot`]) and adds
 //! those with at least [`REPORT_FRACTION`] of its offered cost to the region's `hot` counters;
 //! the leader takes them each round, smooths each subject's rate, marks hot those with at
 //! least [`HOT_FRACTION`] of the region's demand and at least the floor's worth of the
-//! limit (at most [`HOT_MAX`] by default), tracks those and every subject a peer marks hot, and runs
+//! limit (of an orphan, whose limit it does not know: the part of the demand alone; at
+//! most [`HOT_MAX`] by default), tracks those and every subject a peer marks hot, and runs
 //! [`super::split`] for them: each gets a share following its own demand.
 //!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
@@ -132,15 +139,13 @@ struct Leading {
     hot_taken: Option<Instant>,
     /// Entries removed and not yet deleted from the record, by policy.
     removed: HashMap<Arc<str>, Vec<Subject>>,
-    /// Policies in the record this pod has no slot for (see `adopt`).
-    orphans: HashMap<Arc<str>, Orphan>,
+    /// The policies led (in `splits`) that this pod has no slot for (see [`adopt`]).
+    orphans: HashSet<Arc<str>>,
     /// Policies forgotten and not yet deleted from the record.
     forgotten: Vec<Forgotten>,
-    /// Demand counters to delete.
-    counters: Vec<Arc<str>>,
-    /// Demand counters of policies this pod has no slot for (a follower's checks made
-    /// them): their count, and when it last moved.
-    strays: HashMap<String, (u64, Instant)>,
+    /// Demand counters to delete, each with its count as the round that forgot its policy
+    /// read it (one that moved since is not deleted).
+    counters: Vec<(Arc<str>, u64)>,
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
@@ -150,20 +155,14 @@ impl Leading {
     /// The pending deletions were written: forgotten policies' fields and counters gone.
     fn deleted(&mut self) {
         self.forgotten.clear();
-        for c in self.counters.drain(..) {
-            self.strays.remove(&*c);
-        }
+        self.counters.clear();
     }
-}
 
-/// A policy in the record that the leader has no slot for.
-#[derive(Debug)]
-struct Orphan {
-    split: Split,
-    /// The region's demand as the record had it, and its entries' subjects': published
-    /// again unchanged (a leader pod that meets the policy later starts from them).
-    demand: f64,
-    subjects: HashMap<Subject, f64>,
+    /// Whether `name`'s fields or counter wait to be deleted.
+    fn pending(&self, name: &str) -> bool {
+        self.forgotten.iter().any(|f| &*f.policy == name)
+            || self.counters.iter().any(|(c, _)| &**c == name)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -316,10 +315,9 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             subjects: HashMap::new(),
             hot_taken: None,
             removed: HashMap::new(),
-            orphans: HashMap::new(),
+            orphans: HashSet::new(),
             forgotten: Vec::new(),
             counters: Vec::new(),
-            strays: HashMap::new(),
             peers: vec![None; sh.regions],
             renewed_at: started,
         }
@@ -327,6 +325,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
     leading.renewed_at = started;
     for (name, _) in &slots {
         if leading.splits.contains_key(name) {
+            // An orphan this pod has met since: led as it was, now with a slot.
+            leading.orphans.remove(name);
             continue;
         }
         // A new leader: pods may still use up to what the record claims, and the subjects'
@@ -342,26 +342,30 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         leading
             .meters
             .insert(name.clone(), Meter::new(f.demand, now));
-        let split = leading
-            .orphans
-            .remove(name)
-            .map_or_else(|| restore(s, &f, &entries, now), |o| o.split);
-        leading.splits.insert(name.clone(), split);
+        leading
+            .splits
+            .insert(name.clone(), restore(s, &f, &entries, now));
     }
-    adopt(sh, leading, &answer.record, &known, now);
-    count_strays(leading, &answer.offered, &known, now);
+    adopt(sh, leading, &answer.record, &answer.offered, &known, now);
     drop(known);
+    // Every policy led: this pod's slots, then the orphans (no slot to apply shares to).
+    let led: Vec<(Arc<str>, Option<Arc<Slot>>)> = slots
+        .into_iter()
+        .map(|(name, slot)| (name, Some(slot)))
+        .chain(leading.orphans.iter().map(|name| (name.clone(), None)))
+        .collect();
     let resting = lead(
         sh,
         stores,
-        &slots,
+        &led,
         &answer.offered,
         leading,
         pod_id,
         valid_until,
     )
     .await;
-    drop(slots);
+    // The slots' references go before `forget` counts them.
+    drop(led);
     forget(sh, own, leading, resting, pod_id).await;
     metrics::histogram!("ratelimit_region_rebalance_duration_seconds")
         .record(started.elapsed().as_secs_f64());
@@ -376,10 +380,12 @@ fn step_down(sh: &Shared, state: &mut State) {
     );
 }
 
+/// One round of the protocol for every policy `led` (each with this pod's slot, if any).
+/// Returns the policies at rest that may be forgotten.
 async fn lead(
     sh: &Shared,
     stores: &[RegionStore],
-    slots: &[(Arc<str>, Arc<Slot>)],
+    led: &[(Arc<str>, Option<Arc<Slot>>)],
     offered: &HashMap<String, u64>,
     l: &mut Leading,
     pod_id: &str,
@@ -392,7 +398,7 @@ async fn lead(
     // of rounds weighs `smoothing` (the weight the builder sets per period). Then new
     // targets at once (a shrink applies at once; growth goes through the protocol): a
     // change of demand is acted on within a round or two, not at the next period.
-    for (name, _) in slots {
+    for (name, _) in led {
         let meter = l
             .meters
             .entry(name.clone())
@@ -411,16 +417,16 @@ async fn lead(
         meter.last = Some((total, now));
     }
     sh.rebalances.fetch_add(1, Relaxed);
-    take_hot(sh, &stores[me], slots, l, now).await;
+    take_hot(sh, &stores[me], led, l, now).await;
     // Targets only once this leader has read every peer: a peer's demand it has not seen
     // would count as none and move the shares on nothing (for good while the peer stays
     // unreadable, as rule 3 then keeps a cut region from growing back). Its own region's
     // demand starts from the record (see the restore). Meanwhile the restored shares stand.
     let peers_read = (0..sh.regions).all(|q| q == me || l.peers[q].is_some());
-    for (name, slot) in slots {
+    for (name, slot) in led {
         // A policy met at run time that the region stopped using is steered to the floor
         // (no deadband), where its leader can forget it.
-        let resting = idle_region(sh, l, name, now);
+        let resting = idle_region(sh, l, name, slot.is_none(), offered, now);
         let Some(split) = l.splits.get_mut(name) else {
             continue;
         };
@@ -432,7 +438,14 @@ async fn lead(
         let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
         let subjects = l.subjects.get(name);
         // Hot here: a large part of the region's demand, and at least what the floor serves.
-        let least = (own * HOT_FRACTION).max(slot.base.rate() * s.floor_fraction);
+        // An orphan's limit is known only to the pods that check it: for it, a part of the
+        // demand alone, and no subject while none is measured (a part of nothing would mark
+        // every subject remembered).
+        let least = match slot {
+            Some(x) => (own * HOT_FRACTION).max(x.base.rate() * s.floor_fraction),
+            None if own > 0.0 && !resting => own * HOT_FRACTION,
+            None => f64::INFINITY,
+        };
         let mut busiest: Vec<(Subject, f64)> = subjects
             .map(|m| {
                 m.iter()
@@ -494,17 +507,8 @@ async fn lead(
         let deadband = if resting { 0 } else { DEADBAND };
         split.retarget(policy_target, entry_target, deadband, now);
     }
-    // An orphan nobody counts demand for any more is steered to the floor, to be
-    // forgotten. One in use is left alone: restored with every target at its share, it
-    // keeps its shares (it never grows), and a claim or intent above them goes after the
-    // hold.
-    for (name, orphan) in &mut l.orphans {
-        if !in_use(sh, &l.strays, name, now) {
-            orphan.split.retarget(s.floor, |_| s.floor, 0, now);
-        }
-    }
     // Phase 1: the intents (and any shrink) published before the peers are read.
-    let intents: Vec<Claims> = slots
+    let intents: Vec<Claims> = led
         .iter()
         .map(|(name, _)| {
             l.splits.get(name).map_or_else(
@@ -516,7 +520,7 @@ async fn lead(
             )
         })
         .collect();
-    if publish(sh, &stores[me], slots, l, pod_id, Some(&intents)).await {
+    if publish(sh, &stores[me], led, l, pod_id, Some(&intents)).await {
         // Phase 2: every peer, at once, each with its own timeout.
         let reads = futures_join(stores, me, s.timeout()).await;
         let read_at = Instant::now();
@@ -525,7 +529,7 @@ async fn lead(
                 l.peers[q] = Some((rec.clone(), read_at));
             }
         }
-        for ((name, _), intents) in slots.iter().zip(&intents) {
+        for ((name, _), intents) in led.iter().zip(&intents) {
             let peers: Vec<Option<Claims>> = reads
                 .iter()
                 .enumerate()
@@ -537,10 +541,10 @@ async fn lead(
             }
         }
         // Phase 3: back to claiming what is used.
-        publish(sh, &stores[me], slots, l, pod_id, None).await;
+        publish(sh, &stores[me], led, l, pod_id, None).await;
     }
-    for (name, slot) in slots {
-        if let Some(split) = l.splits.get(name) {
+    for (name, slot) in led {
+        if let (Some(split), Some(slot)) = (l.splits.get(name), slot) {
             let entries: Vec<(Subject, u32)> = split
                 .entries()
                 .iter()
@@ -561,10 +565,9 @@ async fn lead(
         .fold(0.0, f64::max);
     metrics::gauge!("ratelimit_region_figure_age_seconds", "region" => me.to_string()).set(oldest);
     let now = Instant::now();
-    slots
-        .iter()
-        .filter(|(name, _)| {
-            idle_region(sh, l, name, now)
+    led.iter()
+        .filter(|(name, slot)| {
+            idle_region(sh, l, name, slot.is_none(), offered, now)
                 && l.splits.get(name).is_some_and(|x| x.at_rest(s.floor, now))
         })
         .map(|(name, _)| name.clone())
@@ -582,73 +585,47 @@ fn restore(s: &Settings, f: &Figures, entries: &[(Subject, EntryFigures)], now: 
     )
 }
 
-/// Adopts each policy in the record that this pod has no slot (`known`) for, as a new
-/// leader adopts a record: nobody leads it now, yet pods may use what the record says. Left
-/// as it is: a policy whose entries cannot be read (its claims are not known), one with a
-/// share below the floor (the floor was raised since; a share is never raised but by
-/// growth, so it would never rest), and one whose deletion is pending.
-fn adopt(sh: &Shared, l: &mut Leading, record: &Record, known: &HashSet<&str>, now: Instant) {
+/// Leads each policy this pod has no slot (`known`) for that the record has figures for
+/// or a pod's checks counted (`offered`): nobody may lead it now, yet pods may use what
+/// the record says, and other pods' checks may want it to grow. It is restored as a new
+/// leader restores its own policies, and metered from its counter from now on. Left as
+/// it is: a policy whose entries cannot be read (its claims are not known), and one whose
+/// deletion is pending.
+fn adopt(
+    sh: &Shared,
+    l: &mut Leading,
+    record: &Record,
+    offered: &HashMap<String, u64>,
+    known: &HashSet<&str>,
+    now: Instant,
+) {
     let s = &sh.settings;
-    for name in record.policies() {
-        let pending = l.forgotten.iter().any(|f| &*f.policy == name);
-        if known.contains(name) || l.orphans.contains_key(name) || pending {
+    // A counter queued for deletion (its write failed) that moved since is in use again:
+    // kept, and led again once its policy's fields are deleted. (The write itself keeps one
+    // that moved after the round read it.)
+    l.counters
+        .retain(|(c, was)| offered.get(&**c).is_none_or(|n| n == was));
+    let counted = offered.keys().map(String::as_str);
+    for name in record.policies().into_iter().chain(counted) {
+        if known.contains(name) || l.splits.contains_key(name) || l.pending(name) {
             continue;
         }
         let Some(entries) = record.entries(name) else {
             continue;
         };
         let f = record.figures(name);
-        let (share, claim) = (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor));
-        if share.min(claim) < s.floor || entries.iter().any(|(_, e)| e.share.min(e.claim) < s.floor)
-        {
-            continue;
-        }
-        let mut split = restore(s, &f, &entries, now);
-        // Every entry kept at its own share while in use, none hot here (nobody here
-        // counts its subjects).
-        let subjects: HashMap<Subject, f64> = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
-        split.track(&BTreeSet::new(), &subjects.keys().copied().collect());
-        tracing::debug!(region = sh.region, policy = %name, "ratelimit: adopted a policy nobody leads");
-        let demand = f.demand.unwrap_or(0.0);
-        l.orphans.insert(
-            name.into(),
-            Orphan {
-                split,
-                demand,
-                subjects,
-            },
+        tracing::debug!(region = sh.region, policy = %name, "ratelimit: leading a policy met elsewhere");
+        let name: Arc<str> = name.into();
+        // As a new leader's own: the demand published stands until this leader has measured
+        // its own (here from the counter alone; its subjects' from the pods' reports).
+        l.subjects.insert(
+            name.clone(),
+            entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
         );
+        l.meters.insert(name.clone(), Meter::new(f.demand, now));
+        l.splits.insert(name.clone(), restore(s, &f, &entries, now));
+        l.orphans.insert(name);
     }
-}
-
-/// Follows the demand counters of the policies this pod has no slot (`known`) for: other
-/// pods' checks move them.
-fn count_strays(
-    l: &mut Leading,
-    offered: &HashMap<String, u64>,
-    known: &HashSet<&str>,
-    now: Instant,
-) {
-    // The round's snapshot only: a slot made since is this round's orphan still.
-    l.strays
-        .retain(|name, _| offered.contains_key(name) && !known.contains(&**name));
-    for (name, total) in offered {
-        if known.contains(&**name) {
-            continue;
-        }
-        let (count, moved) = l.strays.entry(name.clone()).or_insert((*total, now));
-        if *count != *total {
-            (*count, *moved) = (*total, now);
-        }
-    }
-}
-
-/// Whether some pod counted demand for `name`, a policy this pod has no slot for, within
-/// `forget_idle` (or since this pod began to lead).
-fn in_use(sh: &Shared, strays: &HashMap<String, (u64, Instant)>, name: &str, now: Instant) -> bool {
-    strays
-        .get(name)
-        .is_some_and(|(_, moved)| !sh.settings.idle(*moved, now))
 }
 
 /// Whether `name` is a policy met at run time that this pod has not used for
@@ -662,12 +639,23 @@ fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) -> bool {
 }
 
 /// Whether `name` is a policy met at run time that no pod of the region has used for
-/// [`Settings::forget_idle`], as far as this leader has metered.
-fn idle_region(sh: &Shared, l: &Leading, name: &str, now: Instant) -> bool {
+/// [`Settings::forget_idle`], as far as this leader has metered; or an orphan (`slotless`)
+/// without a counter in `offered` (no pod has counted it since its counter was deleted,
+/// if ever).
+fn idle_region(
+    sh: &Shared,
+    l: &Leading,
+    name: &str,
+    slotless: bool,
+    offered: &HashMap<String, u64>,
+    now: Instant,
+) -> bool {
+    let uncounted = slotless && !offered.contains_key(name);
     !sh.kept.contains(name)
-        && l.meters
-            .get(name)
-            .is_some_and(|m| sh.settings.idle(m.moved, now))
+        && (uncounted
+            || l.meters
+                .get(name)
+                .is_some_and(|m| sh.settings.idle(m.moved, now)))
 }
 
 /// Drops this pod's slot for `name` unless a check or a reservation holds it (one that
@@ -688,15 +676,11 @@ fn drop_slot(sh: &Shared, name: &str) -> bool {
     free
 }
 
-/// The leader forgets the policies at rest (`resting`) whose slot it can drop: their
-/// split, meter and subjects, then their fields in the record and their demand counter,
-/// at once (or with a later round's figures if that write fails). A peer reads a missing
-/// figure at the floor, which is where a policy at rest is, so nothing any pod may use or
-/// any region claims changes.
-///
-/// Also what no slot of this pod accounts for: the orphans at rest (see [`adopt`]), and a
-/// demand counter that has not moved for `forget_idle` (another pod's checks made it; a
-/// leader meters only its own slots' policies).
+/// The leader forgets the policies at rest (`resting`) whose slot it can drop (an orphan
+/// has none): their split, meter and subjects, then their fields in the record and their
+/// demand counter, at once (or with a later round's figures if that write fails). A peer
+/// reads a missing figure at the floor, which is where a policy at rest is, so nothing any
+/// pod may use or any region claims changes.
 async fn forget(
     sh: &Shared,
     own: &RegionStore,
@@ -705,64 +689,51 @@ async fn forget(
     pod_id: &str,
 ) {
     let s = &sh.settings;
-    for name in resting {
-        if !drop_slot(sh, &name) {
-            continue;
-        }
-        let mut entries: Vec<Subject> = l
-            .splits
-            .remove(&name)
-            .map(|x| x.entries().keys().copied().collect())
-            .unwrap_or_default();
-        entries.extend(l.removed.remove(&name).unwrap_or_default());
-        l.meters.remove(&name);
-        l.subjects.remove(&name);
-        tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot an idle policy");
-        l.counters.push(name.clone());
-        l.forgotten.push(Forgotten {
-            policy: name,
-            entries,
-        });
-    }
-    let now = Instant::now();
     let has_slot = |name: &str| {
         sh.slots
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(name)
     };
-    let rested: Vec<Arc<str>> = l
-        .orphans
-        .iter()
-        .filter(|(_, o)| o.split.at_rest(s.floor, now))
-        .map(|(name, _)| name.clone())
-        .collect();
-    for name in rested {
-        if let Some(o) = l.orphans.remove(&name) {
-            tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot a policy nobody led");
-            l.forgotten.push(Forgotten {
-                policy: name,
-                entries: o.split.entries().keys().copied().collect(),
-            });
+    for name in resting {
+        // An orphan met here since this round's snapshot is led with its slot next round.
+        let free = if l.orphans.contains(&name) {
+            !has_slot(&name)
+        } else {
+            drop_slot(sh, &name)
+        };
+        if !free {
+            continue;
         }
-    }
-    for name in l.strays.keys() {
-        let idle = !in_use(sh, &l.strays, name, now);
-        if idle && !l.counters.iter().any(|c| **c == **name) {
-            l.counters.push(name.as_str().into());
-        }
+        l.orphans.remove(&name);
+        let mut entries: Vec<Subject> = l
+            .splits
+            .remove(&name)
+            .map(|x| x.entries().keys().copied().collect())
+            .unwrap_or_default();
+        entries.extend(l.removed.remove(&name).unwrap_or_default());
+        let count = l
+            .meters
+            .remove(&name)
+            .and_then(|m| m.last)
+            .map_or(0, |(n, _)| n);
+        l.subjects.remove(&name);
+        tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot an idle policy");
+        l.counters.push((name.clone(), count));
+        l.forgotten.push(Forgotten {
+            policy: name,
+            entries,
+        });
     }
     // A policy met since (a slot made after this round's snapshot): its figures and counter
     // are the next round's.
     l.forgotten.retain(|f| !has_slot(&f.policy));
-    let strays = &l.strays;
-    l.counters
-        .retain(|c| !has_slot(c) && !in_use(sh, strays, c, now));
+    l.counters.retain(|(c, _)| !has_slot(c));
     if l.forgotten.is_empty() && l.counters.is_empty() {
         return;
     }
     let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
-    let counters: Vec<&str> = l.counters.iter().map(|c| &**c).collect();
+    let counters: Vec<(&str, u64)> = l.counters.iter().map(|(c, n)| (&**c, *n)).collect();
     let wrote =
         tokio::time::timeout(s.timeout(), own.publish(&[], &forgotten, &counters, pod_id)).await;
     if matches!(wrote, Ok(Ok(true))) {
@@ -775,7 +746,7 @@ async fn forget(
 async fn take_hot(
     sh: &Shared,
     own: &RegionStore,
-    slots: &[(Arc<str>, Arc<Slot>)],
+    led: &[(Arc<str>, Option<Arc<Slot>>)],
     l: &mut Leading,
     now: Instant,
 ) {
@@ -790,7 +761,7 @@ async fn take_hot(
     let secs = now.duration_since(since).as_secs_f64().max(1e-3);
     let periods = (secs / s.period.as_secs_f64()).min(1.0);
     let weight = 1.0 - (1.0 - s.smoothing).powf(periods);
-    for (name, _) in slots {
+    for (name, _) in led {
         let counts: HashMap<Subject, u64> = taken
             .remove(&**name)
             .unwrap_or_default()
@@ -838,20 +809,20 @@ fn entry_figures(
         .collect()
 }
 
-/// Writes the leader's figures: `claims` (phase 1's intents) or each share's claim now,
-/// if `pod_id` still holds the lease (an orphan's claim now in either phase: it never
-/// grows). A write that succeeded starts the hold of any shrink in it.
+/// Writes the leader's figures for the policies `led`: `claims` (phase 1's intents) or
+/// each share's claim now, if `pod_id` still holds the lease. A write that succeeded
+/// starts the hold of any shrink in it.
 async fn publish(
     sh: &Shared,
     own: &RegionStore,
-    slots: &[(Arc<str>, Arc<Slot>)],
+    led: &[(Arc<str>, Option<Arc<Slot>>)],
     l: &mut Leading,
     pod_id: &str,
     claims: Option<&[Claims]>,
 ) -> bool {
     let s = &sh.settings;
     let now = Instant::now();
-    let mut figures: Vec<Publication<'_>> = slots
+    let figures: Vec<Publication<'_>> = led
         .iter()
         .enumerate()
         .filter_map(|(i, (name, _))| {
@@ -870,31 +841,17 @@ async fn publish(
             })
         })
         .collect();
-    // Orphans never grow: their intents are their claims.
-    figures.extend(l.orphans.iter().map(|(name, orphan)| {
-        let split = &orphan.split;
-        let claims = split.claims(now);
-        let entries = entry_figures(split, &claims, Some(&orphan.subjects));
-        Publication {
-            policy: name,
-            claim: claims.policy,
-            share: split.policy().share(),
-            demand: orphan.demand,
-            entries,
-            removed: Vec::new(),
-        }
-    }));
     if figures.is_empty() {
         return false;
     }
     // A policy met again since it was forgotten is in `figures`, restored from the record,
     // and its counter is metered again.
     l.forgotten
-        .retain(|f| !slots.iter().any(|(name, _)| *name == f.policy));
+        .retain(|f| !led.iter().any(|(name, _)| *name == f.policy));
     l.counters
-        .retain(|c| !slots.iter().any(|(name, _)| name == c));
+        .retain(|(c, _)| !led.iter().any(|(name, _)| name == c));
     let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
-    let counters: Vec<&str> = l.counters.iter().map(|c| &**c).collect();
+    let counters: Vec<(&str, u64)> = l.counters.iter().map(|(c, n)| (&**c, *n)).collect();
     let ok = matches!(
         tokio::time::timeout(
             s.timeout(),
@@ -905,8 +862,7 @@ async fn publish(
     );
     if ok {
         let at = Instant::now();
-        let orphans = l.orphans.values_mut().map(|o| &mut o.split);
-        for split in l.splits.values_mut().chain(orphans) {
+        for split in l.splits.values_mut() {
             split.written(at, s.hold());
         }
         l.removed.clear();
