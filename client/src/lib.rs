@@ -57,6 +57,7 @@
 //! - Regions ([`region`]): `ratelimit_region_share{region, policy}`,
 //!   `ratelimit_region_rebalance_duration_seconds` (histogram),
 //!   `ratelimit_region_figure_age_seconds{region}`,
+//!   `ratelimit_region_led_policies{region}`,
 //!   `ratelimit_region_hot_subjects{region, policy}`; live pods ([`pods`]):
 //!   `ratelimit_live_pods`.
 

@@ -9,7 +9,7 @@ use redis_ratelimit_testkit::*;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "current_thread")]
-async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
+async fn shares_rebalances_figure_age_led_policies_hot_subjects_and_pods_are_reported() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
@@ -56,7 +56,7 @@ async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
     }
 
     let mut share = Vec::new();
-    let (mut durations, mut ages, mut live) = (0, Vec::new(), None);
+    let (mut durations, mut ages, mut led, mut live) = (0, Vec::new(), Vec::new(), None);
     for (k, _, _, v) in snapshotter.snapshot().into_vec() {
         let key = k.key();
         let label = |name: &str| {
@@ -73,6 +73,9 @@ async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
             }
             ("ratelimit_region_figure_age_seconds", DebugValue::Gauge(g)) => {
                 ages.push(g.into_inner());
+            }
+            ("ratelimit_region_led_policies", DebugValue::Gauge(g)) => {
+                led.push((label("region"), g.into_inner()));
             }
             ("ratelimit_live_pods", DebugValue::Gauge(g)) => live = Some(g.into_inner()),
             _ => {}
@@ -97,6 +100,10 @@ async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
     // Peers are read every round (50 ms here): the oldest figure used is recent.
     assert_eq!(ages.len(), 2);
     assert!(ages.iter().all(|a| a.is_finite() && *a < 5.0), "{ages:?}");
+    // Each region's leader (its one pod) leads `api` alone.
+    led.sort_by(|a, b| a.0.cmp(&b.0));
+    let one = |r: &str| (Some(r.to_string()), 1.0);
+    assert_eq!(led, [one("0"), one("1")]);
     assert_eq!(live, Some(1.0));
 
     // "k", checked only in region 0, is its hottest subject: region 0 gives it an entry,
@@ -117,6 +124,33 @@ async fn shares_rebalances_figure_age_hot_subjects_and_pods_are_reported() {
         assert!(
             Instant::now() < deadline,
             "hot subjects per region: {hot:?}"
+        );
+    }
+
+    // A policy met at run time in region 0 only: led there, not in region 1.
+    let tenant = Policy::builder("tenant-7")
+        .per_second(10)
+        .burst(5)
+        .build()
+        .unwrap();
+    regions[0].check_one(&tenant, "k", 1).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut led = Vec::new();
+        for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+            if let ("ratelimit_region_led_policies", DebugValue::Gauge(g)) = (k.key().name(), v) {
+                let region = k.key().labels().find(|l| l.key() == "region");
+                led.push((region.map(|l| l.value().to_string()), g.into_inner()));
+            }
+        }
+        led.sort_by(|a, b| a.0.cmp(&b.0));
+        if led == [(Some("0".to_string()), 2.0), (Some("1".to_string()), 1.0)] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "policies led per region: {led:?}"
         );
     }
 }

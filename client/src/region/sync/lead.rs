@@ -197,6 +197,9 @@ pub(super) async fn lead(
         })
         .fold(0.0, f64::max);
     metrics::gauge!("ratelimit_region_figure_age_seconds", "region" => me.to_string()).set(oldest);
+    // How many policies the region holds state for: run-time names that pile up show here.
+    metrics::gauge!("ratelimit_region_led_policies", "region" => me.to_string())
+        .set(l.splits.len() as f64);
     let now = Instant::now();
     led.iter()
         .filter(|(name, slot)| {
