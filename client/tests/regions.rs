@@ -1097,7 +1097,8 @@ async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
 
 /// A run-time policy only one pod of region 0 checks, and not the region's leader pod:
 /// the leader grows the region's share with the demand the other pod's checks count, and
-/// that pod checks with it. (Before, it stayed at the floor while the other pod led.)
+/// that pod checks with it (before, it stayed at the floor while the other pod led). It
+/// marks none of its subjects hot, not knowing its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let _serial = SERIAL.lock().await;
@@ -1136,4 +1137,11 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let mut c = servers[0].conn();
     let recorded: Option<u32> = recorded(&mut c, "tenant-7:share");
     assert!(recorded.is_some_and(|s| s >= 800_000), "{recorded:?}");
+    // Its one subject is all of its demand, but the leader does not know its limit: it
+    // marks no subject of it hot, so the record holds no entry for it.
+    let (record, _) = region0_fields(&servers[0]);
+    assert!(
+        !record.iter().any(|f| f.starts_with("tenant-7:s:")),
+        "{record:?}"
+    );
 }

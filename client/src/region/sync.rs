@@ -15,8 +15,8 @@
 //! those with at least [`REPORT_FRACTION`] of its offered cost to the region's `hot` counters;
 //! the leader takes them each round, smooths each subject's rate, marks hot those with at
 //! least [`HOT_FRACTION`] of the region's demand and at least the floor's worth of the
-//! limit (of an orphan, whose limit it does not know: the part of the demand alone; at
-//! most [`HOT_MAX`] by default), tracks those and every subject a peer marks hot, and runs
+//! limit (at most [`HOT_MAX`] by default; of an orphan, whose limit it does not know, it
+//! only keeps those marked already), tracks those and every subject a peer marks hot, and runs
 //! [`super::split`] for them: each gets a share following its own demand.
 //!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
@@ -105,10 +105,12 @@ impl Leading {
         self.counters.clear();
     }
 
-    /// Whether `name`'s fields or counter wait to be deleted.
-    fn pending(&self, name: &str) -> bool {
-        self.forgotten.iter().any(|f| &*f.policy == name)
-            || self.counters.iter().any(|(c, _)| &**c == name)
+    /// The policies whose fields or counter wait to be deleted.
+    fn pending(&self) -> HashSet<&str> {
+        let fields = self.forgotten.iter().map(|f| &*f.policy);
+        fields
+            .chain(self.counters.iter().map(|(c, _)| &**c))
+            .collect()
     }
 }
 
@@ -149,9 +151,15 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // Each slot's demand since the last round, in the slots' order.
+    let taken: Vec<u64> = slots
+        .iter()
+        .map(|(_, slot)| slot.offered.swap(0, Relaxed))
+        .collect();
     let offered: Vec<(&str, u64)> = slots
         .iter()
-        .map(|(name, slot)| (&**name, slot.offered.swap(0, Relaxed)))
+        .zip(&taken)
+        .map(|((name, _), n)| (&**name, *n))
         .filter(|(_, n)| *n > 0)
         .collect();
     let now = Instant::now();
@@ -186,10 +194,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             // shares' leases run out by themselves.
             state.failed += 1;
             if state.failed == 1 {
-                for (name, n) in offered {
-                    if let Some((_, slot)) = slots.iter().find(|(k, _)| &**k == name) {
-                        slot.offered.fetch_add(n, Relaxed);
-                    }
+                for ((_, slot), n) in slots.iter().zip(&taken) {
+                    slot.offered.fetch_add(*n, Relaxed);
                 }
             }
             if let Some(l) = &state.leading {
@@ -321,6 +327,10 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
 fn step_down(sh: &Shared, state: &mut State) {
     state.leading = None;
     sh.leader.store(false, Relaxed);
+    // Every pod of the region reports these under the same labels: only the leader's count.
+    let region = sh.region.to_string();
+    metrics::gauge!("ratelimit_region_figure_age_seconds", "region" => region.clone()).set(0.0);
+    metrics::gauge!("ratelimit_region_led_policies", "region" => region).set(0.0);
     tracing::info!(
         region = sh.region,
         "ratelimit: no longer leading the region"

@@ -6,7 +6,7 @@ use super::super::limiter::Shared;
 use super::super::record::{Forgotten, Record, RegionStore};
 use super::super::split::Subject;
 use super::{restore, Leading, Meter, State};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,11 +31,17 @@ pub(super) fn adopt(
     // that moved after the round read it.)
     l.counters
         .retain(|(c, was)| offered.get(&**c).is_none_or(|n| n == was));
+    let pending = l.pending();
     let counted = offered.keys().map(String::as_str);
-    for name in record.policies().into_iter().chain(counted) {
-        if known.contains(name) || l.splits.contains_key(name) || l.pending(name) {
-            continue;
-        }
+    let unled: BTreeSet<&str> = record
+        .policies()
+        .into_iter()
+        .chain(counted)
+        .filter(|name| !known.contains(name) && !l.splits.contains_key(*name))
+        .filter(|name| !pending.contains(name))
+        .collect();
+    drop(pending);
+    for name in unled {
         let Some(entries) = record.entries(name) else {
             continue;
         };

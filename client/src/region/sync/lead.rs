@@ -8,7 +8,7 @@ use super::super::share::{smooth, targets};
 use super::super::split::{Claims, Split, Subject};
 use super::forget::idle_region;
 use super::{apply, Leading, Meter, DEADBAND, HOT_FRACTION};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,18 +71,23 @@ pub(super) async fn lead(
         let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
         let subjects = l.subjects.get(name);
         // Hot here: a large part of the region's demand, and at least what the floor serves.
-        // An orphan's limit is known only to the pods that check it: for it, a part of the
-        // demand alone, and no subject while none is measured (a part of nothing would mark
-        // every subject remembered).
-        let least = match slot {
-            Some(x) => (own * HOT_FRACTION).max(x.base.rate() * s.floor_fraction),
-            None if own > 0.0 && !resting => own * HOT_FRACTION,
-            None => f64::INFINITY,
+        // An orphan's limit is known only to the pods that check it, so the second test
+        // cannot be made: it keeps the subjects marked hot (by the leader that met it)
+        // while they stay a large part of its demand, and marks no new one (a part of the
+        // demand alone would mark nearly every subject of a quiet policy).
+        let (least, marked) = match slot {
+            Some(x) => (
+                (own * HOT_FRACTION).max(x.base.rate() * s.floor_fraction),
+                None,
+            ),
+            None if own > 0.0 && !resting => (own * HOT_FRACTION, Some(split.entries())),
+            None => (f64::INFINITY, None),
         };
         let mut busiest: Vec<(Subject, f64)> = subjects
             .map(|m| {
                 m.iter()
                     .filter(|(_, d)| **d >= least)
+                    .filter(|(x, _)| marked.is_none_or(|e| e.get(x).is_some_and(|e| e.hot)))
                     .map(|(x, d)| (*x, *d))
                     .collect()
             })
@@ -315,10 +320,9 @@ async fn publish(
     }
     // A policy met again since it was forgotten is in `figures`, restored from the record,
     // and its counter is metered again.
-    l.forgotten
-        .retain(|f| !led.iter().any(|(name, _)| *name == f.policy));
-    l.counters
-        .retain(|(c, _)| !led.iter().any(|(name, _)| name == c));
+    let led_names: HashSet<&str> = led.iter().map(|(name, _)| &**name).collect();
+    l.forgotten.retain(|f| !led_names.contains(&*f.policy));
+    l.counters.retain(|(c, _)| !led_names.contains(&**c));
     let forgotten: Vec<&Forgotten> = l.forgotten.iter().collect();
     let counters: Vec<(&str, u64)> = l.counters.iter().map(|(c, n)| (&**c, *n)).collect();
     let ok = matches!(
