@@ -6,7 +6,9 @@
 #
 # The ports are the listening sockets of the processes this user can read (the server, which
 # runs as this user), lowest first: the cluster bus, when there is one, is above the
-# server's port. Sockets of other processes (`--network host`) are not tried.
+# server's port. Sockets of other processes (`--network host`) are not tried. Addresses: an
+# IPv4 one (as /proc shows it on little-endian hosts), or the IPv6 wildcard; a server bound
+# only to a specific IPv6 address, a Unix socket or a TLS port needs its own --health-cmd.
 cli=redis-cli
 if command -v valkey-cli >/dev/null 2>&1; then cli=valkey-cli; fi
 
