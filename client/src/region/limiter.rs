@@ -289,12 +289,11 @@ impl RegionalBuilder {
     /// first check and forgotten once idle, see [`forget_idle`](Self::forget_idle)). Pods
     /// of a region need not have the same policies: the region's leader also rebalances
     /// the policies only other pods check, from the demand their checks count in the
-    /// region's store (not knowing their limits, it marks none of their subjects hot
-    /// anew: see the README's regions section). While a pod without this policy leads,
-    /// though, it is led as one met at run time: at the floor until counted, forgotten
-    /// by the leader when idle; give a policy that must keep its share while idle to every
-    /// pod. Services that share a store with different policies need their own
-    /// [`key_prefix`](Self::key_prefix).
+    /// region's store, and judges their subjects by the limit those pods report with
+    /// them. While a pod without this policy leads, though, it is led as one met at run
+    /// time: at the floor until counted, forgotten by the leader when idle; give a policy
+    /// that must keep its share while idle to every pod. Services that share a store with
+    /// different policies need their own [`key_prefix`](Self::key_prefix).
     pub fn policy(mut self, policy: &Policy) -> Self {
         self.policies.push(policy.clone());
         self

@@ -10,7 +10,10 @@
 //! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
 //! <prefix>:{region.<r>}:hot      hash, <policy>:<subject> -> offered cost of the pods' busiest
 //!                                subjects since the leader last took them (HINCRBY, then
-//!                                read and deleted at once by the leader)
+//!                                read and deleted at once by the leader); <policy>:rate ->
+//!                                the policy's limit per second × 1000, as the pods that
+//!                                offered cost for it know it (HSET; a leader that has not
+//!                                met the policy learns its limit here)
 //! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
 //! ```
 //!
@@ -234,6 +237,15 @@ end
 for i = 4 + n + 2 * m, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1";
 
+/// What the leader took from the pods' reports (see [`RegionStore::take_hot`]).
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// By policy, offered cost per subject.
+    pub(crate) subjects: HashMap<String, Vec<(Subject, u64)>>,
+    /// By policy, its limit per second as the pods checking it know it.
+    pub(crate) rates: HashMap<String, f64>,
+}
+
 /// What one sync round trip to the pod's own store answered.
 #[derive(Debug)]
 pub(crate) struct OwnRound {
@@ -264,12 +276,14 @@ impl RegionStore {
         })
     }
 
-    /// One round trip: adds this pod's offered cost, renews or takes the leader lease (if
-    /// `candidate`), reads the region's record and demand counters.
+    /// One round trip: adds this pod's offered cost, its busiest subjects' and the limits
+    /// (per second) of the policies it offered cost for (`rates`), renews or takes the
+    /// leader lease (if `candidate`), reads the region's record and demand counters.
     pub(crate) async fn own_round(
         &self,
         offered: &[(&str, u64)],
         hot: &[(&str, Subject, u64)],
+        rates: &[(&str, f64)],
         pod_id: &str,
         lease: Duration,
         candidate: bool,
@@ -287,6 +301,13 @@ impl RegionStore {
                 .arg(&self.hot_key)
                 .arg(format!("{policy}:{subject:016x}"))
                 .arg((*n).min(i64::MAX as u64))
+                .ignore();
+        }
+        for (policy, rate) in rates {
+            pipe.cmd("HSET")
+                .arg(&self.hot_key)
+                .arg(format!("{policy}:rate"))
+                .arg((rate * 1000.0).round() as u64)
                 .ignore();
         }
         if candidate {
@@ -360,10 +381,8 @@ impl RegionStore {
     }
 
     /// Takes the pods' counts of their busiest subjects since the last take (the leader
-    /// only): by policy, offered cost per subject.
-    pub(crate) async fn take_hot(
-        &self,
-    ) -> redis::RedisResult<HashMap<String, Vec<(Subject, u64)>>> {
+    /// only): by policy, offered cost per subject; and the policies' limits they wrote.
+    pub(crate) async fn take_hot(&self) -> redis::RedisResult<Taken> {
         let (counts,): (HashMap<String, u64>,) = redis::pipe()
             .atomic()
             .cmd("HGETALL")
@@ -373,13 +392,18 @@ impl RegionStore {
             .ignore()
             .query_async(&mut self.conn.live().await?)
             .await?;
-        let mut out: HashMap<String, Vec<(Subject, u64)>> = HashMap::new();
+        let mut out = Taken::default();
         for (field, n) in counts {
             let Some((policy, x)) = field.rsplit_once(':') else {
                 continue;
             };
-            if let Some(x) = parse_subject(x) {
-                out.entry(policy.to_owned()).or_default().push((x, n));
+            if x == "rate" {
+                out.rates.insert(policy.to_owned(), n as f64 / 1000.0);
+            } else if let Some(x) = parse_subject(x) {
+                out.subjects
+                    .entry(policy.to_owned())
+                    .or_default()
+                    .push((x, n));
             }
         }
         Ok(out)
@@ -429,12 +453,18 @@ mod tests {
             (r.figures("api").claim, r.entries("api").map(|e| e.len()))
         };
         let lease = Duration::from_secs(10);
-        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        let round = store
+            .own_round(&[], &[], &[], "a", lease, true)
+            .await
+            .unwrap();
         assert!(
             round.leader && round.took_lease,
             "pod a takes the free lease"
         );
-        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        let round = store
+            .own_round(&[], &[], &[], "a", lease, true)
+            .await
+            .unwrap();
         assert!(round.leader && !round.took_lease, "and renews it");
         assert!(store
             .publish(&[figures(600_000, vec![])], &[], &[], "a")
@@ -449,7 +479,7 @@ mod tests {
             .query(&mut c)
             .unwrap();
         let round = store
-            .own_round(&[("api", 4)], &[], "b", lease, true)
+            .own_round(&[("api", 4)], &[], &[], "b", lease, true)
             .await
             .unwrap();
         assert!(round.leader, "pod b takes the lease");
@@ -484,7 +514,10 @@ mod tests {
             .arg(&store.leader_key)
             .query(&mut c)
             .unwrap();
-        let round = store.own_round(&[], &[], "a", lease, true).await.unwrap();
+        let round = store
+            .own_round(&[], &[], &[], "a", lease, true)
+            .await
+            .unwrap();
         assert!(round.leader && round.took_lease);
     }
 
@@ -506,7 +539,7 @@ mod tests {
         let lease = Duration::from_secs(10);
         let offered = [("api", 5), ("tenant-7", 3), ("web", 4)];
         let round = store
-            .own_round(&offered, &[], "a", lease, true)
+            .own_round(&offered, &[], &[], "a", lease, true)
             .await
             .unwrap();
         assert!(round.leader);
@@ -542,6 +575,31 @@ mod tests {
         let read = store.read().await.unwrap();
         assert_eq!(read.figures("tenant-7").claim, None);
         assert_eq!(read.entries("tenant-7"), Some(vec![]));
+    }
+
+    /// The pods' subjects and limits reach the leader once, and then the hash is empty.
+    #[tokio::test]
+    async fn the_pods_limits_reach_the_leader_with_their_subjects() {
+        let server = Server::start(Flavor::Redis);
+        let target = RegionTarget::Server(server.url());
+        let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
+        let lease = Duration::from_secs(10);
+        let hot = [("api", 0xab, 7), ("api", 0xcd, 2), ("web:v2", 0xab, 1)];
+        let rates = [("api", 300.0), ("web:v2", 1.0 / 3.0)];
+        let round = store.own_round(&[], &hot, &rates, "a", lease, true);
+        assert!(round.await.unwrap().leader);
+        let round = store.own_round(&[], &[("api", 0xab, 1)], &[], "b", lease, false);
+        round.await.unwrap();
+        let mut taken = store.take_hot().await.unwrap();
+        let mut api = taken.subjects.remove("api").unwrap_or_default();
+        api.sort_unstable();
+        assert_eq!(api, [(0xab, 8), (0xcd, 2)]);
+        assert_eq!(taken.subjects.remove("web:v2"), Some(vec![(0xab, 1)]));
+        assert!(taken.subjects.is_empty(), "{:?}", taken.subjects);
+        assert_eq!(taken.rates.get("api"), Some(&300.0));
+        assert_eq!(taken.rates.get("web:v2"), Some(&0.333));
+        let again = store.take_hot().await.unwrap();
+        assert!(again.subjects.is_empty() && again.rates.is_empty());
     }
 
     /// A record's policies, names with colons too.

@@ -15,8 +15,8 @@
 //! those with at least [`REPORT_FRACTION`] of its offered cost to the region's `hot` counters;
 //! the leader takes them each round, smooths each subject's rate, marks hot those with at
 //! least [`HOT_FRACTION`] of the region's demand and at least the floor's worth of the
-//! limit (at most [`HOT_MAX`] by default; of an orphan, whose limit it does not know, it
-//! only keeps those marked already), tracks those and every subject a peer marks hot, and runs
+//! limit (at most [`HOT_MAX`] by default; of an orphan, the limit its pods report with its
+//! subjects), tracks those and every subject a peer marks hot, and runs
 //! [`super::split`] for them: each gets a share following its own demand.
 //!
 //! Leases, so that a shrink can be relied on: a pod may use a share only for
@@ -82,6 +82,9 @@ struct Leading {
     meters: HashMap<Arc<str>, Meter>,
     /// Smoothed offered cost per second of the region's busiest subjects, by policy.
     subjects: HashMap<Arc<str>, HashMap<Subject, f64>>,
+    /// The limits per second that pods report with their busiest subjects, by policy: an
+    /// orphan's is known no other way.
+    rates: HashMap<Arc<str>, f64>,
     /// When the pods' subject counts were last taken.
     hot_taken: Option<Instant>,
     /// Entries removed and not yet deleted from the record, by policy.
@@ -180,10 +183,18 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             taken.into_iter().map(move |(x, n)| (&**name, x, n))
         })
         .collect();
+    // With its subjects, each policy's limit: a leader that has not met the policy judges
+    // them by it.
+    let reported: HashSet<&str> = hot.iter().map(|(p, _, _)| *p).collect();
+    let rates: Vec<(&str, f64)> = slots
+        .iter()
+        .filter(|(name, _)| reported.contains(&**name))
+        .map(|(name, slot)| (&**name, slot.base.rate()))
+        .collect();
     let started = Instant::now();
     let asked = tokio::time::timeout(
         s.timeout(),
-        own.own_round(&offered, &hot, pod_id, s.leader_ttl(), true),
+        own.own_round(&offered, &hot, &rates, pod_id, s.leader_ttl(), true),
     )
     .await;
     let answer = match asked {
@@ -266,6 +277,7 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             splits: HashMap::new(),
             meters: HashMap::new(),
             subjects: HashMap::new(),
+            rates: HashMap::new(),
             hot_taken: None,
             removed: HashMap::new(),
             orphans: HashSet::new(),

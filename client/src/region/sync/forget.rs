@@ -150,6 +150,7 @@ pub(super) async fn forget(
             .and_then(|m| m.last)
             .map_or(0, |(n, _)| n);
         l.subjects.remove(&name);
+        l.rates.remove(&name);
         tracing::debug!(region = sh.region, policy = %name, "ratelimit: forgot an idle policy");
         l.counters.push((name.clone(), count));
         l.forgotten.push(Forgotten {

@@ -71,15 +71,16 @@ pub(super) async fn lead(
         let own = l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0);
         let subjects = l.subjects.get(name);
         // Hot here: a large part of the region's demand, and at least what the floor serves.
-        // An orphan's limit is known only to the pods that check it, so the second test
-        // cannot be made: it keeps the subjects marked hot (by the leader that met it)
-        // while they stay a large part of its demand, and marks no new one (a part of the
-        // demand alone would mark nearly every subject of a quiet policy).
-        let (least, marked) = match slot {
-            Some(x) => (
-                (own * HOT_FRACTION).max(x.base.rate() * s.floor_fraction),
-                None,
-            ),
+        // An orphan's limit is what the pods checking it report with its subjects. Until
+        // one has, the second test cannot be made: it keeps the subjects marked hot (by the
+        // leader that met it) while they stay a large part of its demand, and marks no new
+        // one (a part of the demand alone would mark nearly every subject of a quiet policy).
+        let limit = match slot {
+            Some(x) => Some(x.base.rate()),
+            None => l.rates.get(name).copied(),
+        };
+        let (least, marked) = match limit {
+            Some(rate) => ((own * HOT_FRACTION).max(rate * s.floor_fraction), None),
             None if own > 0.0 && !resting => (own * HOT_FRACTION, Some(split.entries())),
             None => (f64::INFINITY, None),
         };
@@ -228,6 +229,12 @@ async fn take_hot(
     let Ok(Ok(mut taken)) = tokio::time::timeout(s.timeout(), own.take_hot()).await else {
         return;
     };
+    // The limits the pods reported with their subjects, kept from take to take.
+    for (name, _) in led {
+        if let Some(rate) = taken.rates.remove(&**name) {
+            l.rates.insert(name.clone(), rate);
+        }
+    }
     // The first take has no start to measure a rate from.
     let Some(since) = l.hot_taken.replace(now) else {
         return;
@@ -237,6 +244,7 @@ async fn take_hot(
     let weight = 1.0 - (1.0 - s.smoothing).powf(periods);
     for (name, _) in led {
         let counts: HashMap<Subject, u64> = taken
+            .subjects
             .remove(&**name)
             .unwrap_or_default()
             .into_iter()
