@@ -12,7 +12,7 @@
 //!                                subjects since the leader last took them (HINCRBY, then
 //!                                read and deleted at once by the leader); <policy>:rate ->
 //!                                the policy's limit per second × 1000, as the pods that
-//!                                offered cost for it know it (HSET; a leader that has not
+//!                                report subjects for it know it (HSET; a leader that has not
 //!                                met the policy learns its limit here)
 //! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
 //! ```
@@ -277,7 +277,7 @@ impl RegionStore {
     }
 
     /// One round trip: adds this pod's offered cost, its busiest subjects' and the limits
-    /// (per second) of the policies it offered cost for (`rates`), renews or takes the
+    /// (per second) of the policies it reports subjects for (`rates`), renews or takes the
     /// leader lease (if `candidate`), reads the region's record and demand counters.
     pub(crate) async fn own_round(
         &self,

@@ -184,8 +184,13 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         })
         .collect();
     // With its subjects, each policy's limit: a leader that has not met the policy judges
-    // them by it.
-    let reported: HashSet<&str> = hot.iter().map(|(p, _, _)| *p).collect();
+    // them by it. Not from the leader itself (its own slots' limits are its own), nor with
+    // per-subject shares off.
+    let reported: HashSet<&str> = if state.leading.is_none() && s.hot_max > 0 {
+        hot.iter().map(|(p, _, _)| *p).collect()
+    } else {
+        HashSet::new()
+    };
     let rates: Vec<(&str, f64)> = slots
         .iter()
         .filter(|(name, _)| reported.contains(&**name))
