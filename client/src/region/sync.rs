@@ -108,6 +108,31 @@ impl Leading {
         self.counters.clear();
     }
 
+    /// Leads `name` from the record's figures `f` and `entries`, as a new leader takes a
+    /// policy: each share with its claim held for a hold from `now` (a missing figure at the
+    /// floor), as pods may still use up to what the record claims; the region's demand and
+    /// its subjects' as last published, until this leader has measured its own (or every
+    /// entry would look cold for a round and collapse to the policy's share).
+    fn restore(
+        &mut self,
+        s: &Settings,
+        name: Arc<str>,
+        f: &Figures,
+        entries: &[(Subject, EntryFigures)],
+        now: Instant,
+    ) {
+        let split = Split::restore(
+            (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
+            entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
+            now,
+            s.hold(),
+        );
+        let demands = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
+        self.subjects.insert(name.clone(), demands);
+        self.meters.insert(name.clone(), Meter::new(f.demand, now));
+        self.splits.insert(name, split);
+    }
+
     /// The policies whose fields or counter wait to be deleted.
     fn pending(&self) -> HashSet<&str> {
         let fields = self.forgotten.iter().map(|f| &*f.policy);
@@ -299,22 +324,10 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
             leading.orphans.remove(name);
             continue;
         }
-        // A new leader: pods may still use up to what the record claims, and the subjects'
-        // demand it published stands until the next figures come (or every entry would
-        // look cold for a round and collapse to the policy's share).
+        // A new leader (entries that cannot be read: none, the floor for every subject).
         let f = answer.record.figures(name);
         let entries = answer.record.entries(name).unwrap_or_default();
-        leading.subjects.insert(
-            name.clone(),
-            entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
-        );
-        // The region's demand as last published, until this leader has measured its own.
-        leading
-            .meters
-            .insert(name.clone(), Meter::new(f.demand, now));
-        leading
-            .splits
-            .insert(name.clone(), restore(s, &f, &entries, now));
+        leading.restore(s, name.clone(), &f, &entries, now);
     }
     adopt(sh, leading, &answer.record, &answer.offered, &known, now);
     drop(known);
@@ -352,17 +365,6 @@ fn step_down(sh: &Shared, state: &mut State) {
         region = sh.region,
         "ratelimit: no longer leading the region"
     );
-}
-
-/// A policy's split as a new leader takes it from the record: each share with its claim
-/// held for a hold from `now` (a missing figure at the floor).
-fn restore(s: &Settings, f: &Figures, entries: &[(Subject, EntryFigures)], now: Instant) -> Split {
-    Split::restore(
-        (f.share.unwrap_or(s.floor), f.claim.unwrap_or(s.floor)),
-        entries.iter().map(|(x, e)| (*x, e.share, e.claim, e.hot)),
-        now,
-        s.hold(),
-    )
 }
 
 /// Makes `ppm` the share this pod checks with, and `entries` the hot subjects' own, until

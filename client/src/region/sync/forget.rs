@@ -5,7 +5,7 @@
 use super::super::limiter::Shared;
 use super::super::record::{Forgotten, Record, RegionStore};
 use super::super::split::Subject;
-use super::{restore, Leading, Meter, State};
+use super::{Leading, State};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
@@ -47,15 +47,10 @@ pub(super) fn adopt(
         };
         let f = record.figures(name);
         tracing::debug!(region = sh.region, policy = %name, "ratelimit: leading a policy met elsewhere");
+        // As a new leader's own; measured from then on from the counter alone, its subjects
+        // from the pods' reports.
         let name: Arc<str> = name.into();
-        // As a new leader's own: the demand published stands until this leader has measured
-        // its own (here from the counter alone; its subjects' from the pods' reports).
-        l.subjects.insert(
-            name.clone(),
-            entries.iter().map(|(x, e)| (*x, e.demand)).collect(),
-        );
-        l.meters.insert(name.clone(), Meter::new(f.demand, now));
-        l.splits.insert(name.clone(), restore(s, &f, &entries, now));
+        l.restore(s, name.clone(), &f, &entries, now);
         l.orphans.insert(name);
     }
 }
