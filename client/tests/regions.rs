@@ -695,22 +695,28 @@ async fn a_new_leader_keeps_the_share_while_a_peer_is_unreadable() {
     );
 }
 
-/// Three regions, one server each, rebalanced every `period`, forgetting after 2 s; region
-/// 0 has two pods. Every pod is built with `api`.
-fn forgetting_pods(servers: &[Server], period: Duration) -> Vec<Vec<RegionalLimiter>> {
+/// Three regions, one server each, rebalanced every `period`, forgetting after `idle`;
+/// region 0 has two pods. Every pod is built with `api`.
+fn forgetting_pods(
+    servers: &[Server],
+    period: Duration,
+    idle: Duration,
+) -> Vec<Vec<RegionalLimiter>> {
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = policy();
     let pod = |r: usize| {
         RegionalLimiter::builder(r, urls.clone())
             .policy(&p)
             .rebalance_period(period)
-            .forget_idle(Duration::from_secs(2))
+            .forget_idle(idle)
             .limiter(|b| b.timeout(Duration::from_millis(300)))
             .build()
             .unwrap()
     };
     vec![vec![pod(0), pod(0)], vec![pod(1)], vec![pod(2)]]
 }
+
+const TWO_SECONDS: Duration = Duration::from_secs(2);
 
 fn tenant() -> Policy {
     Policy::builder("tenant-7")
@@ -758,7 +764,7 @@ fn region0_fields(server: &Server) -> (Vec<String>, Vec<String>) {
 async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
     let _serial = SERIAL.lock().await;
     let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
-    let pods = forgetting_pods(&servers, Duration::from_millis(400));
+    let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let region0 = pods[0].clone();
     let drive = |until: Instant| {
@@ -852,7 +858,7 @@ async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
 async fn a_held_reservation_keeps_its_policy() {
     let _serial = SERIAL.lock().await;
     let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
-    let pods = forgetting_pods(&servers, Duration::from_millis(400));
+    let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let pod = &pods[1][0];
     let held = pod.reserve("busy", &[(&t, 1)]).await.unwrap();
@@ -910,7 +916,7 @@ async fn what_the_leader_never_met_is_cleaned() {
         .query(&mut c)
         .unwrap();
     // A 1.6 s period: a hold of 1.2 s, long enough to be seen however the host is loaded.
-    let pods = forgetting_pods(&servers, Duration::from_millis(1_600));
+    let pods = forgetting_pods(&servers, Duration::from_millis(1_600), TWO_SECONDS);
     let t = tenant();
     for _ in 0..5 {
         pods[0][1].check_one(&t, "a", 1).await.unwrap();
@@ -1029,7 +1035,7 @@ async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
     };
     count(&mut c);
     // A 1.6 s period: a hold of 1.2 s, long enough to be seen however the host is loaded.
-    let pods = forgetting_pods(&servers, Duration::from_millis(1_600));
+    let pods = forgetting_pods(&servers, Duration::from_millis(1_600), TWO_SECONDS);
     // In use for 6 s, three times `forget_idle`.
     let mut seen: Vec<[Option<f64>; 5]> = Vec::new();
     let until = Instant::now() + Duration::from_secs(6);
@@ -1106,7 +1112,7 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let _serial = SERIAL.lock().await;
     let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
     // A 1.6 s period: a lease of 1.6 s, which a loaded host does not let lapse.
-    let pods = forgetting_pods(&servers, Duration::from_millis(1_600));
+    let pods = forgetting_pods(&servers, Duration::from_millis(1_600), TWO_SECONDS);
     let deadline = Instant::now() + Duration::from_secs(10);
     let (leader, follower) = loop {
         match pods[0].iter().position(RegionalLimiter::is_leader) {
@@ -1175,4 +1181,93 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let recorded: Option<u32> = recorded(&mut c, "tenant-7:share");
     assert!(recorded.is_some_and(|s| s >= 800_000), "{recorded:?}");
     assert_eq!(entries("tenant-8"), Vec::<String>::new());
+}
+
+/// A run-time policy's idle clock outlives its leader. The record keeps when the region's
+/// count last moved (`<policy>:still`, on the server's clock), and the pod that leads next
+/// goes on from there: the figure it publishes is the one its predecessor published, not
+/// the moment it took over, and the policy is forgotten `forget_idle` after its last check,
+/// not after the leader change (before, each leader change started the clock again, so
+/// rolling restarts could keep an idle policy for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_goes_on_with_the_idle_clock() {
+    let _serial = SERIAL.lock().await;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let idle = Duration::from_secs(6);
+    let mut pods = forgetting_pods(&servers, Duration::from_millis(400), idle);
+    let mut c = servers[0].conn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        if let Some(i) = pods[0].iter().position(RegionalLimiter::is_leader) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "region 0 never had a leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let follower = 1 - leader;
+    let t = tenant();
+    // The follower checks the policy for a second; the leader meters its counter.
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        pods[0][follower].check_one(&t, "busy", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopped = Instant::now();
+    let still = |c: &mut redis::Connection| -> Option<(u64, u64)> {
+        let v: Option<String> = recorded(c, "tenant-7:still");
+        let (ms, count) = v?.split_once(' ').map(|(a, b)| (a.parse(), b.parse()))?;
+        Some((ms.ok()?, count.ok()?))
+    };
+    // Until the leader has seen the last count (a figure that stays for half a second).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        let first = still(&mut c);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (Some(a), b) = (first, still(&mut c)) else {
+            assert!(Instant::now() < deadline, "no idle clock in the record");
+            continue;
+        };
+        if Some(a) == b && counted(&mut c, "tenant-7") == Some(a.1) {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "the idle clock never settled");
+    };
+    // Half of `forget_idle` after the last check, the leader pod goes.
+    tokio::time::sleep((stopped + idle / 2).saturating_duration_since(Instant::now())).await;
+    let lease = |c: &mut redis::Connection| -> Option<String> {
+        redis::cmd("GET")
+            .arg("rl:{region.0}:leader")
+            .query(c)
+            .unwrap()
+    };
+    let old = lease(&mut c);
+    assert!(old.is_some(), "no lease held");
+    drop(pods[0].remove(leader));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pods[0][0].is_leader() {
+        assert!(Instant::now() < deadline, "the other pod never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let new = lease(&mut c);
+    assert!(
+        new.is_some() && new != old,
+        "the lease did not change hands"
+    );
+    // A few rounds of the new leader's.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = still(&mut c).expect("the new leader dropped the idle clock");
+    assert_eq!(after.1, before.1, "the count moved");
+    assert!(
+        after.0.abs_diff(before.0) <= 50,
+        "the idle clock started again: {} ms after the old one",
+        after.0 as i64 - before.0 as i64
+    );
+    // Forgotten by the new leader, and not before `forget_idle` after the last check.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while recorded::<String>(&mut c, "tenant-7:claim").is_some() {
+        assert!(Instant::now() < deadline, "never forgotten");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(stopped.elapsed() >= idle, "forgotten early");
+    assert_eq!(counted(&mut c, "tenant-7"), None, "the counter stayed");
 }

@@ -328,7 +328,8 @@ impl RegionalBuilder {
     /// checked again starts at the floor, as a new one does, and grows with its measured
     /// demand. The leader forgets a policy it has no slot for once no pod has counted
     /// demand for it for as long (with `Duration::MAX`: once it has no demand counter at
-    /// all, its figures steered to the floor first).
+    /// all, its figures steered to the floor first). The region's idle time is kept in its
+    /// record on its server's clock, so a change of leader does not start it again.
     pub fn forget_idle(mut self, after: Duration) -> Self {
         self.settings.forget_idle = after;
         self

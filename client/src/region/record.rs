@@ -5,6 +5,9 @@
 //!                                  <policy>:claim  ppm   (see share::Share::claim)
 //!                                  <policy>:share  ppm   (what r's pods use; followers read it)
 //!                                  <policy>:demand f64   (smoothed offered cost per second)
+//!                                  <policy>:still  "ms count": when the region's count
+//!                                                  last moved, on the server's clock (ms
+//!                                                  since the epoch), and that count
 //!                                  <policy>:s:<subject>  "claim share demand hot": an entry
 //!                                                        (see split), <subject> in 16 hex
 //! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
@@ -55,6 +58,27 @@ pub(crate) struct Figures {
     pub(crate) claim: Option<u32>,
     pub(crate) share: Option<u32>,
     pub(crate) demand: Option<f64>,
+    pub(crate) still: Option<Still>,
+}
+
+/// When a policy's demand count last moved, as its leader metered it: so that the next
+/// leader goes on from there rather than starting the idle clock again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Still {
+    /// The server's time then, in ms since the epoch.
+    pub(crate) ms: u64,
+    /// The count from then on.
+    pub(crate) count: u64,
+}
+
+impl Still {
+    fn parse(v: &str) -> Option<Self> {
+        let (ms, count) = v.split_once(' ')?;
+        Some(Self {
+            ms: ms.parse().ok()?,
+            count: count.parse().ok()?,
+        })
+    }
 }
 
 /// One entry's figures in a record.
@@ -93,7 +117,7 @@ impl EntryFigures {
 }
 
 /// A policy's own fields in a record, each `<policy>:<figure>`.
-const FIGURES: [&str; 3] = ["claim", "share", "demand"];
+const FIGURES: [&str; 4] = ["claim", "share", "demand", "still"];
 
 /// The record field of `policy`'s entry for `subject`.
 fn entry_field(policy: &str, subject: Subject) -> String {
@@ -147,6 +171,7 @@ impl Record {
             claim: get("claim").and_then(|v| v.parse().ok()),
             share: get("share").and_then(|v| v.parse().ok()),
             demand: get("demand").and_then(|v| v.parse().ok()),
+            still: get("still").and_then(|v| Still::parse(v)),
         }
     }
 
@@ -197,6 +222,7 @@ pub(crate) struct Publication<'a> {
     pub(crate) claim: u32,
     pub(crate) share: u32,
     pub(crate) demand: f64,
+    pub(crate) still: Still,
     pub(crate) entries: Vec<(Subject, EntryFigures)>,
     /// Entries removed since the last publication.
     pub(crate) removed: Vec<Subject>,
@@ -210,12 +236,17 @@ pub(crate) struct Forgotten {
     pub(crate) entries: Vec<Subject>,
 }
 
-/// Renews the lease if this pod holds it, takes it if nobody does; 1 if held afterwards.
+/// If a candidate (`ARGV[3]`), renews the lease if this pod holds it (1), takes it if
+/// nobody does (2); else 0. With the server's time, in ms since the epoch.
 const LEASE_LUA: &str = r"
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
-return 0";
+local t = redis.call('TIME')
+local held = 0
+if ARGV[3] == '1' then
+  local cur = redis.call('GET', KEYS[1])
+  if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) held = 1
+  elseif not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) held = 2 end
+end
+return {held, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}";
 
 /// The leader's write: `KEYS` the record, the leader key and the demand hash; `ARGV` the
 /// pod id, the number of record fields to delete, those fields, the number of demand
@@ -253,6 +284,8 @@ pub(crate) struct OwnRound {
     /// The lease was free and this round took it (rather than renewing it): whatever this
     /// pod knew from leading before is stale, another may have led in between.
     pub(crate) took_lease: bool,
+    /// The server's time, in ms since the epoch.
+    pub(crate) server_ms: u64,
     pub(crate) record: Record,
     /// Cumulative offered cost per policy, all pods of the region.
     pub(crate) offered: HashMap<String, u64>,
@@ -278,7 +311,8 @@ impl RegionStore {
 
     /// One round trip: adds this pod's offered cost, its busiest subjects' and the limits
     /// (per second) of the policies it reports subjects for (`rates`), renews or takes the
-    /// leader lease (if `candidate`), reads the region's record and demand counters.
+    /// leader lease (if `candidate`), reads the server's time, the region's record and
+    /// demand counters.
     pub(crate) async fn own_round(
         &self,
         offered: &[(&str, u64)],
@@ -310,23 +344,22 @@ impl RegionStore {
                 .arg((rate * 1000.0).round() as u64)
                 .ignore();
         }
-        if candidate {
-            pipe.cmd("EVAL")
-                .arg(LEASE_LUA)
-                .arg(1)
-                .arg(&self.leader_key)
-                .arg(pod_id)
-                .arg(lease.as_millis().max(1) as u64);
-        } else {
-            pipe.cmd("ECHO").arg(0);
-        }
+        pipe.cmd("EVAL")
+            .arg(LEASE_LUA)
+            .arg(1)
+            .arg(&self.leader_key)
+            .arg(pod_id)
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(u8::from(candidate));
         pipe.cmd("HGETALL").arg(&self.record_key);
         pipe.cmd("HGETALL").arg(&self.demand_key);
-        let (leader, record, counters): (i64, HashMap<String, String>, HashMap<String, u64>) =
+        type Reply = ((i64, u64), HashMap<String, String>, HashMap<String, u64>);
+        let ((leader, server_ms), record, counters): Reply =
             pipe.query_async(&mut self.conn.live().await?).await?;
         Ok(OwnRound {
             leader: leader >= 1,
             took_lease: leader == 2,
+            server_ms,
             record: record.into(),
             offered: counters,
         })
@@ -371,7 +404,9 @@ impl RegionStore {
                 .arg(format!("{}:share", f.policy))
                 .arg(f.share)
                 .arg(format!("{}:demand", f.policy))
-                .arg(f.demand);
+                .arg(f.demand)
+                .arg(format!("{}:still", f.policy))
+                .arg(format!("{} {}", f.still.ms, f.still.count));
             for (x, e) in &f.entries {
                 cmd.arg(entry_field(f.policy, *x)).arg(e.encode());
             }
@@ -436,6 +471,7 @@ mod tests {
             claim,
             share: claim,
             demand: 1.0,
+            still: Still { ms: 1, count: 0 },
             entries: vec![(
                 0xab,
                 EntryFigures {
@@ -460,6 +496,14 @@ mod tests {
         assert!(
             round.leader && round.took_lease,
             "pod a takes the free lease"
+        );
+        // The server's clock, as `TIME` reads it just after.
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut server.conn()).unwrap();
+        let time = secs * 1000 + micros / 1000;
+        assert!(
+            (time.saturating_sub(1_000)..=time).contains(&round.server_ms),
+            "{} against {time}",
+            round.server_ms
         );
         let round = store
             .own_round(&[], &[], &[], "a", lease, true)
@@ -533,6 +577,10 @@ mod tests {
             claim: 300_000,
             share: 300_000,
             demand: 2.0,
+            still: Still {
+                ms: 1_796_309_398_400,
+                count: 5,
+            },
             entries: vec![(0xab, EntryFigures::parse("300000 300000 2 1").unwrap())],
             removed: vec![],
         };
@@ -551,7 +599,7 @@ mod tests {
             f.sort();
             f
         };
-        assert_eq!(fields(&store.record_key).len(), 8);
+        assert_eq!(fields(&store.record_key).len(), 10);
         assert_eq!(fields(&store.demand_key), ["api", "tenant-7", "web"]);
 
         let forgot = Forgotten {
@@ -569,10 +617,13 @@ mod tests {
             "api:demand",
             "api:s:00000000000000ab",
             "api:share",
+            "api:still",
         ];
         assert_eq!(fields(&store.record_key), kept);
         assert_eq!(fields(&store.demand_key), ["api", "web"]);
         let read = store.read().await.unwrap();
+        let still = read.figures("api").still;
+        assert_eq!(still.map(|s| (s.ms, s.count)), Some((1_796_309_398_400, 5)));
         assert_eq!(read.figures("tenant-7").claim, None);
         assert_eq!(read.entries("tenant-7"), Some(vec![]));
     }
@@ -589,7 +640,8 @@ mod tests {
         let round = store.own_round(&[], &hot, &rates, "a", lease, true);
         assert!(round.await.unwrap().leader);
         let round = store.own_round(&[], &[("api", 0xab, 1)], &[], "b", lease, false);
-        round.await.unwrap();
+        let round = round.await.unwrap();
+        assert!(!round.leader && round.server_ms > 0, "{round:?}");
         let mut taken = store.take_hot().await.unwrap();
         let mut api = taken.subjects.remove("api").unwrap_or_default();
         api.sort_unstable();
@@ -614,11 +666,18 @@ mod tests {
             ("c:share", "50"),
             (&c, "50 50 0 0"),
             ("e:demand", "1.5"),
+            ("f:still", "1796309398400 12"),
+            ("g:still", "1796309398400"),
         ]);
         assert_eq!(
             r.policies().into_iter().collect::<Vec<_>>(),
-            ["a:b", "c", "d", "e"]
+            ["a:b", "c", "d", "e", "f", "g"]
         );
+        let still = |p| r.figures(p).still.map(|s| (s.ms, s.count));
+        assert_eq!(still("f"), Some((1_796_309_398_400, 12)));
+        // One figure missing: not known (the clock starts again), not read as zero.
+        assert_eq!(still("g"), None);
+        assert_eq!(still("e"), None);
     }
 
     fn record(fields: &[(&str, &str)]) -> Record {

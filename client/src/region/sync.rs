@@ -41,7 +41,7 @@ pub(crate) use settings::Settings;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A shrink smaller than this (ppm) is not made: demand noise would otherwise make regions
 /// give up quota they cannot get back before the next period.
@@ -76,6 +76,35 @@ impl Meter {
     }
 }
 
+/// The region's server clock as one round read it: its time, in ms since the epoch, at
+/// `at`. The record keeps when each policy's count last moved on this clock, which every
+/// pod of the region shares, so a new leader goes on counting a policy's idle time where
+/// the last one left it.
+#[derive(Debug, Clone, Copy)]
+struct ServerClock {
+    at: Instant,
+    ms: u64,
+}
+
+impl ServerClock {
+    /// `when` on the server's clock.
+    fn ms(&self, when: Instant) -> u64 {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        match when.checked_duration_since(self.at) {
+            Some(after) => self.ms.saturating_add(ms(after)),
+            None => self.ms.saturating_sub(ms(self.at - when)),
+        }
+    }
+
+    /// The instant the server's clock read `ms`, at most `cap` before `at`: further back
+    /// is no more idle than that. A time after `at` (the clock went back, or another
+    /// server's after a failover) counts as `at`.
+    fn instant(&self, ms: u64, cap: Duration) -> Instant {
+        let ago = Duration::from_millis(self.ms.saturating_sub(ms)).min(cap);
+        self.at.checked_sub(ago).unwrap_or(self.at)
+    }
+}
+
 #[derive(Debug)]
 struct Leading {
     splits: HashMap<Arc<str>, Split>,
@@ -99,9 +128,29 @@ struct Leading {
     /// Each peer's record as last read, and when.
     peers: Vec<Option<(Record, Instant)>>,
     renewed_at: Instant,
+    /// The server's clock as this round read it.
+    clock: ServerClock,
 }
 
 impl Leading {
+    /// A pod that starts to lead, its lease renewed at `renewed_at`.
+    fn new(regions: usize, renewed_at: Instant, clock: ServerClock) -> Self {
+        Self {
+            splits: HashMap::new(),
+            meters: HashMap::new(),
+            subjects: HashMap::new(),
+            rates: HashMap::new(),
+            hot_taken: None,
+            removed: HashMap::new(),
+            orphans: HashSet::new(),
+            forgotten: Vec::new(),
+            counters: Vec::new(),
+            peers: vec![None; regions],
+            renewed_at,
+            clock,
+        }
+    }
+
     /// The pending deletions were written: forgotten policies' fields and counters gone.
     fn deleted(&mut self) {
         self.forgotten.clear();
@@ -112,13 +161,16 @@ impl Leading {
     /// policy: each share with its claim held for a hold from `now` (a missing figure at the
     /// floor), as pods may still use up to what the record claims; the region's demand and
     /// its subjects' as last published, until this leader has measured its own (or every
-    /// entry would look cold for a round and collapse to the policy's share).
+    /// entry would look cold for a round and collapse to the policy's share); its idle
+    /// clock from when the last leader saw its count move, unless the count (`counted`) has
+    /// moved since.
     fn restore(
         &mut self,
         s: &Settings,
         name: Arc<str>,
         f: &Figures,
         entries: &[(Subject, EntryFigures)],
+        counted: u64,
         now: Instant,
     ) {
         let split = Split::restore(
@@ -129,7 +181,12 @@ impl Leading {
         );
         let demands = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
         self.subjects.insert(name.clone(), demands);
-        self.meters.insert(name.clone(), Meter::new(f.demand, now));
+        let moved = match f.still {
+            Some(still) if still.count == counted => self.clock.instant(still.ms, s.forget_idle),
+            _ => now,
+        };
+        self.meters
+            .insert(name.clone(), Meter::new(f.demand, moved));
         self.splits.insert(name, split);
     }
 
@@ -297,27 +354,20 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         applied.valid_until = applied.valid_until.max(valid_until);
     }
     let now = Instant::now();
+    let clock = ServerClock {
+        at: started,
+        ms: answer.server_ms,
+    };
     let leading = state.leading.get_or_insert_with(|| {
         sh.leader.store(true, Relaxed);
         tracing::info!(
             region = sh.region,
             "ratelimit: leading the region's rebalancing"
         );
-        Leading {
-            splits: HashMap::new(),
-            meters: HashMap::new(),
-            subjects: HashMap::new(),
-            rates: HashMap::new(),
-            hot_taken: None,
-            removed: HashMap::new(),
-            orphans: HashSet::new(),
-            forgotten: Vec::new(),
-            counters: Vec::new(),
-            peers: vec![None; sh.regions],
-            renewed_at: started,
-        }
+        Leading::new(sh.regions, started, clock)
     });
     leading.renewed_at = started;
+    leading.clock = clock;
     for (name, _) in &slots {
         if leading.splits.contains_key(name) {
             // An orphan this pod has met since: led as it was, now with a slot.
@@ -327,7 +377,8 @@ async fn round(sh: &Shared, stores: &[RegionStore], pod_id: &str, state: &mut St
         // A new leader (entries that cannot be read: none, the floor for every subject).
         let f = answer.record.figures(name);
         let entries = answer.record.entries(name).unwrap_or_default();
-        leading.restore(s, name.clone(), &f, &entries, now);
+        let counted = answer.offered.get(&**name).copied().unwrap_or(0);
+        leading.restore(s, name.clone(), &f, &entries, counted, now);
     }
     adopt(sh, leading, &answer.record, &answer.offered, &known, now);
     drop(known);
@@ -395,4 +446,60 @@ fn apply(sh: &Shared, slot: &Slot, ppm: u32, entries: &[(Subject, u32)], valid_u
         .set(f64::from(applied.ppm) / f64::from(WHOLE));
     metrics::gauge!("ratelimit_region_hot_subjects", "region" => region, "policy" => policy)
         .set(applied.entries.len() as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::record::Still;
+    use super::*;
+
+    #[test]
+    fn the_server_clock_maps_both_ways() {
+        let at = Instant::now();
+        let clock = ServerClock {
+            at,
+            ms: 1_796_309_398_400,
+        };
+        let cap = Duration::from_secs(600);
+        let before = at.checked_sub(Duration::from_millis(2_500));
+        if let Some(before) = before {
+            assert_eq!(clock.ms(before), 1_796_309_395_900);
+            assert_eq!(clock.instant(1_796_309_395_900, cap), before);
+        }
+        assert_eq!(clock.ms(at + Duration::from_millis(40)), 1_796_309_398_440);
+        // Later than the clock read (it went back): now. Further back than the cap: the cap.
+        assert_eq!(clock.instant(1_796_309_399_000, cap), at);
+        let long_ago = clock.instant(0, cap);
+        assert!(long_ago == at || at - long_ago == cap);
+    }
+
+    /// A new leader's idle clock for a policy: where the record's says it stopped, if the
+    /// count has not moved since; else from now.
+    #[test]
+    fn a_restored_policy_keeps_its_idle_clock_unless_its_count_moved() {
+        let s = Settings::default();
+        let now = Instant::now();
+        let ms = 1_796_309_398_400;
+        let mut l = Leading::new(3, now, ServerClock { at: now, ms });
+        let f = Figures {
+            claim: None,
+            share: None,
+            demand: Some(2.0),
+            still: Some(Still {
+                ms: ms - 90_000,
+                count: 12,
+            }),
+        };
+        let unknown = Figures { still: None, ..f };
+        l.restore(&s, "still".into(), &f, &[], 12, now);
+        l.restore(&s, "moved".into(), &f, &[], 13, now);
+        l.restore(&s, "unknown".into(), &unknown, &[], 12, now);
+        let moved = |name: &str| l.meters[name].moved;
+        if let Some(then) = now.checked_sub(Duration::from_secs(90)) {
+            assert_eq!(moved("still"), then);
+        }
+        assert_eq!(moved("moved"), now);
+        assert_eq!(moved("unknown"), now);
+        assert_eq!(l.meters["still"].smoothed, Some(2.0));
+    }
 }

@@ -50,7 +50,8 @@ pub(super) fn adopt(
         // As a new leader's own; measured from then on from the counter alone, its subjects
         // from the pods' reports.
         let name: Arc<str> = name.into();
-        l.restore(s, name.clone(), &f, &entries, now);
+        let counted = offered.get(&*name).copied().unwrap_or(0);
+        l.restore(s, name.clone(), &f, &entries, counted, now);
         l.orphans.insert(name);
     }
 }
@@ -66,8 +67,8 @@ pub(super) fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) ->
 }
 
 /// Whether `name` is a policy met at run time that no pod of the region has used for
-/// [`Settings::forget_idle`](super::Settings::forget_idle), as far as this leader has
-/// metered; or an orphan (`slotless`) without a counter in `offered` (no pod has counted
+/// [`Settings::forget_idle`](super::Settings::forget_idle), as this leader has metered it
+/// (from where the record's idle clock says the last leader left it); or an orphan (`slotless`) without a counter in `offered` (no pod has counted
 /// it since its counter was deleted, if ever).
 pub(super) fn idle_region(
     sh: &Shared,

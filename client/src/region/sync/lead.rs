@@ -3,7 +3,7 @@
 //! the claims), and apply the shares to this pod's slots.
 
 use super::super::limiter::{Shared, Slot};
-use super::super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
+use super::super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore, Still};
 use super::super::share::{smooth, targets};
 use super::super::split::{Claims, Split, Subject};
 use super::forget::idle_region;
@@ -313,11 +313,23 @@ async fn publish(
                 .and_then(|c| c.get(i).cloned())
                 .unwrap_or_else(|| split.claims(now));
             let entries = entry_figures(split, &claims, l.subjects.get(name));
+            let meter = l.meters.get(name);
+            let still = meter.map_or(
+                Still {
+                    ms: l.clock.ms(now),
+                    count: 0,
+                },
+                |m| Still {
+                    ms: l.clock.ms(m.moved),
+                    count: m.last.map_or(0, |(n, _)| n),
+                },
+            );
             Some(Publication {
                 policy: name,
                 claim: claims.policy,
                 share: split.policy().share(),
-                demand: l.meters.get(name).and_then(|m| m.smoothed).unwrap_or(0.0),
+                demand: meter.and_then(|m| m.smoothed).unwrap_or(0.0),
+                still,
                 entries,
                 removed: l.removed.get(name).cloned().unwrap_or_default(),
             })
