@@ -1218,7 +1218,7 @@ async fn a_new_leader_goes_on_with_the_idle_clock() {
         let (ms, count) = v?.split_once(' ').map(|(a, b)| (a.parse(), b.parse()))?;
         Some((ms.ok()?, count.ok()?))
     };
-    // Until the leader has seen the last count (a figure that stays for half a second).
+    // Until the leader has written the last count (the figure the record then keeps).
     let deadline = Instant::now() + Duration::from_secs(10);
     let before = loop {
         let first = still(&mut c);
@@ -1253,6 +1253,7 @@ async fn a_new_leader_goes_on_with_the_idle_clock() {
         new.is_some() && new != old,
         "the lease did not change hands"
     );
+    let changed = Instant::now();
     // A few rounds of the new leader's.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = still(&mut c).expect("the new leader dropped the idle clock");
@@ -1269,5 +1270,11 @@ async fn a_new_leader_goes_on_with_the_idle_clock() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(stopped.elapsed() >= idle, "forgotten early");
+    // A clock started at the change would keep it until `forget_idle` after that.
+    assert!(
+        changed.elapsed() < idle,
+        "kept {:?} after the leader change",
+        changed.elapsed()
+    );
     assert_eq!(counted(&mut c, "tenant-7"), None, "the counter stayed");
 }

@@ -7,7 +7,8 @@
 //!                                  <policy>:demand f64   (smoothed offered cost per second)
 //!                                  <policy>:still  "ms count": when the region's count
 //!                                                  last moved, on the server's clock (ms
-//!                                                  since the epoch), and that count
+//!                                                  since the epoch), and that count;
+//!                                                  written once it stops moving
 //!                                  <policy>:s:<subject>  "claim share demand hot": an entry
 //!                                                        (see split), <subject> in 16 hex
 //! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)
@@ -222,7 +223,8 @@ pub(crate) struct Publication<'a> {
     pub(crate) claim: u32,
     pub(crate) share: u32,
     pub(crate) demand: f64,
-    pub(crate) still: Still,
+    /// The idle clock, where it is to be written.
+    pub(crate) still: Option<Still>,
     pub(crate) entries: Vec<(Subject, EntryFigures)>,
     /// Entries removed since the last publication.
     pub(crate) removed: Vec<Subject>,
@@ -404,9 +406,11 @@ impl RegionStore {
                 .arg(format!("{}:share", f.policy))
                 .arg(f.share)
                 .arg(format!("{}:demand", f.policy))
-                .arg(f.demand)
-                .arg(format!("{}:still", f.policy))
-                .arg(format!("{} {}", f.still.ms, f.still.count));
+                .arg(f.demand);
+            if let Some(still) = f.still {
+                cmd.arg(format!("{}:still", f.policy))
+                    .arg(format!("{} {}", still.ms, still.count));
+            }
             for (x, e) in &f.entries {
                 cmd.arg(entry_field(f.policy, *x)).arg(e.encode());
             }
@@ -471,7 +475,7 @@ mod tests {
             claim,
             share: claim,
             demand: 1.0,
-            still: Still { ms: 1, count: 0 },
+            still: None,
             entries: vec![(
                 0xab,
                 EntryFigures {
@@ -577,10 +581,10 @@ mod tests {
             claim: 300_000,
             share: 300_000,
             demand: 2.0,
-            still: Still {
+            still: Some(Still {
                 ms: 1_796_309_398_400,
                 count: 5,
-            },
+            }),
             entries: vec![(0xab, EntryFigures::parse("300000 300000 2 1").unwrap())],
             removed: vec![],
         };

@@ -32,7 +32,7 @@ mod lead;
 mod settings;
 
 use super::limiter::{Applied, Shared, Slot};
-use super::record::{EntryFigures, Figures, Forgotten, Record, RegionStore};
+use super::record::{EntryFigures, Figures, Forgotten, Record, RegionStore, Still};
 use super::share::WHOLE;
 use super::split::{Split, Subject};
 use forget::{adopt, drop_slot, forget, idle_here};
@@ -64,6 +64,8 @@ struct Meter {
     smoothed: Option<f64>,
     /// When the region's count last moved, or metering began.
     moved: Instant,
+    /// The count and `moved` that this leader last wrote to the record as its idle clock.
+    written: Option<(u64, Instant)>,
 }
 
 impl Meter {
@@ -72,12 +74,26 @@ impl Meter {
             last: None,
             smoothed,
             moved: now,
+            written: None,
         }
+    }
+
+    /// The idle clock to write, once the count has not moved at a reading, and once per
+    /// stop: while the count moves, a new leader sees it move and starts from then, so
+    /// the record need not follow it (a field written every round for every policy).
+    fn still(&self, clock: &ServerClock) -> Option<Still> {
+        let (count, at) = self.last?;
+        let stopped = (count, self.moved);
+        (at != self.moved && self.written != Some(stopped)).then(|| Still {
+            ms: clock.ms(self.moved),
+            count,
+        })
     }
 }
 
 /// The region's server clock as one round read it: its time, in ms since the epoch, at
-/// `at`. The record keeps when each policy's count last moved on this clock, which every
+/// `at` (the round trip's start: the server read it up to a round trip later, an error of
+/// milliseconds against an idle time of minutes). The record keeps when each policy's count last moved on this clock, which every
 /// pod of the region shares, so a new leader goes on counting a policy's idle time where
 /// the last one left it.
 #[derive(Debug, Clone, Copy)]
@@ -450,7 +466,6 @@ fn apply(sh: &Shared, slot: &Slot, ppm: u32, entries: &[(Subject, u32)], valid_u
 
 #[cfg(test)]
 mod tests {
-    use super::super::record::Still;
     use super::*;
 
     #[test]
@@ -473,6 +488,39 @@ mod tests {
         assert!(long_ago == at || at - long_ago == cap);
     }
 
+    /// The idle clock is written once per stop of the count, not while it moves.
+    #[test]
+    fn the_idle_clock_is_written_when_the_count_stops() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let clock = ServerClock { at: t0, ms: 1_000 };
+        let mut m = Meter::new(None, t0);
+        assert_eq!(m.still(&clock), None, "not metered yet");
+        // Metered at 500 ms: unmoved since metering began.
+        m.last = Some((7, at(500)));
+        assert_eq!(
+            m.still(&clock),
+            Some(Still {
+                ms: 1_000,
+                count: 7
+            })
+        );
+        m.written = Some((7, t0));
+        assert_eq!(m.still(&clock), None, "written already");
+        // It moves at 1 s: nothing while it moves.
+        (m.last, m.moved) = (Some((9, at(1_000))), at(1_000));
+        assert_eq!(m.still(&clock), None, "moving");
+        // Then stays: written once more.
+        m.last = Some((9, at(1_500)));
+        assert_eq!(
+            m.still(&clock),
+            Some(Still {
+                ms: 2_000,
+                count: 9
+            })
+        );
+    }
+
     /// A new leader's idle clock for a policy: where the record's says it stopped, if the
     /// count has not moved since; else from now.
     #[test]
@@ -491,13 +539,22 @@ mod tests {
             }),
         };
         let unknown = Figures { still: None, ..f };
+        let ancient = Figures {
+            still: Some(Still { ms: 0, count: 12 }),
+            ..f
+        };
         l.restore(&s, "still".into(), &f, &[], 12, now);
         l.restore(&s, "moved".into(), &f, &[], 13, now);
         l.restore(&s, "unknown".into(), &unknown, &[], 12, now);
+        l.restore(&s, "ancient".into(), &ancient, &[], 12, now);
         let moved = |name: &str| l.meters[name].moved;
         if let Some(then) = now.checked_sub(Duration::from_secs(90)) {
             assert_eq!(moved("still"), then);
         }
+        // Idle since the epoch: no further back than `forget_idle` (or now, if the
+        // platform's instants cannot go that far back).
+        let ancient = moved("ancient");
+        assert!(ancient == now || now - ancient == s.forget_idle);
         assert_eq!(moved("moved"), now);
         assert_eq!(moved("unknown"), now);
         assert_eq!(l.meters["still"].smoothed, Some(2.0));

@@ -68,8 +68,9 @@ pub(super) fn idle_here(sh: &Shared, state: &State, name: &str, now: Instant) ->
 
 /// Whether `name` is a policy met at run time that no pod of the region has used for
 /// [`Settings::forget_idle`](super::Settings::forget_idle), as this leader has metered it
-/// (from where the record's idle clock says the last leader left it); or an orphan (`slotless`) without a counter in `offered` (no pod has counted
-/// it since its counter was deleted, if ever).
+/// (from where the record's idle clock says the last leader left it); or an orphan
+/// (`slotless`) without a counter in `offered` (no pod has counted it since its counter
+/// was deleted, if ever).
 pub(super) fn idle_region(
     sh: &Shared,
     l: &Leading,

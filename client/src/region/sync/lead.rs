@@ -3,7 +3,7 @@
 //! the claims), and apply the shares to this pod's slots.
 
 use super::super::limiter::{Shared, Slot};
-use super::super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore, Still};
+use super::super::record::{EntryFigures, Forgotten, Publication, Record, RegionStore};
 use super::super::share::{smooth, targets};
 use super::super::split::{Claims, Split, Subject};
 use super::forget::idle_region;
@@ -314,16 +314,7 @@ async fn publish(
                 .unwrap_or_else(|| split.claims(now));
             let entries = entry_figures(split, &claims, l.subjects.get(name));
             let meter = l.meters.get(name);
-            let still = meter.map_or(
-                Still {
-                    ms: l.clock.ms(now),
-                    count: 0,
-                },
-                |m| Still {
-                    ms: l.clock.ms(m.moved),
-                    count: m.last.map_or(0, |(n, _)| n),
-                },
-            );
+            let still = meter.and_then(|m| m.still(&l.clock));
             Some(Publication {
                 policy: name,
                 claim: claims.policy,
@@ -354,6 +345,11 @@ async fn publish(
         Ok(Ok(true))
     );
     if ok {
+        for f in figures.iter().filter(|f| f.still.is_some()) {
+            if let Some(m) = l.meters.get_mut(f.policy) {
+                m.written = m.last.map(|(count, _)| (count, m.moved));
+            }
+        }
         let at = Instant::now();
         for split in l.splits.values_mut() {
             split.written(at, s.hold());
