@@ -1106,7 +1106,9 @@ async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
 /// that pod checks with it (before, it stayed at the floor while the other pod led). It
 /// judges their subjects by the limit that pod reports with them: one subject at twice
 /// the limit gets an entry; ten at a thirtieth of the limit each (under the floor's worth,
-/// though each is a tenth of its policy's demand) get none.
+/// though each is a tenth of its policy's demand, and new ones every second) get none,
+/// at any time (a first count over too short an interval once gave them entries for a
+/// few rounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let _serial = SERIAL.lock().await;
@@ -1138,6 +1140,10 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
             .collect()
     };
     let mut c = servers[0].conn();
+    // Ten quiet subjects at a time, new ones every second: each batch's first count is
+    // measured afresh, at a random phase of the pods' rounds against the leader's.
+    let began = Instant::now();
+    let quiet_subject = |i: usize| format!("q{}-{}", began.elapsed().as_secs(), i % 10);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut i = 0usize;
     loop {
@@ -1145,8 +1151,13 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
         for _ in 0..6 {
             let _ = follower.check_one(&busy, "busy", 1).await;
         }
-        let _ = follower.check_one(&quiet, &format!("q{}", i % 10), 1).await;
+        let _ = follower.check_one(&quiet, &quiet_subject(i), 1).await;
         i += 1;
+        let quiet_entries = entries("tenant-8");
+        assert!(
+            quiet_entries.is_empty(),
+            "a quiet subject: {quiet_entries:?}"
+        );
         let share = follower.share("tenant-7");
         let hot = entries("tenant-7").iter().any(|f| {
             let figures: Option<String> = recorded(&mut c, f);
@@ -1167,8 +1178,13 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
         for _ in 0..6 {
             let _ = follower.check_one(&busy, "busy", 1).await;
         }
-        let _ = follower.check_one(&quiet, &format!("q{}", i % 10), 1).await;
+        let _ = follower.check_one(&quiet, &quiet_subject(i), 1).await;
         i += 1;
+        let quiet_entries = entries("tenant-8");
+        assert!(
+            quiet_entries.is_empty(),
+            "a quiet subject: {quiet_entries:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Led all along by the other pod, which never met either policy.

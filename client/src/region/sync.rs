@@ -54,6 +54,9 @@ const REPORT_FRACTION: f64 = 0.01;
 /// policy (and at least the floor's worth of the limit: below that any share serves it).
 const HOT_FRACTION: f64 = 0.02;
 
+/// A pod's rounds start a tick apart, ± this part of it.
+const TICK_JITTER: f64 = 0.1;
+
 /// Most subjects a region marks hot per policy, by default; every region tracks the union
 /// of them.
 pub(crate) const HOT_MAX: usize = 16;
@@ -237,7 +240,7 @@ pub(crate) async fn run(shared: Weak<Shared>, stores: Vec<RegionStore>) {
         // A tick from the round's start, not its end (±10% so the regions' rounds do not
         // stay in lock step): a round slowed by an unreadable peer (a whole timeout) must
         // not push the next one past the lease on the shares it renews.
-        let jitter = rand::random_range(0.9..1.1);
+        let jitter = rand::random_range(1.0 - TICK_JITTER..1.0 + TICK_JITTER);
         tokio::time::sleep_until(began + tick.mul_f64(jitter)).await;
     }
 }

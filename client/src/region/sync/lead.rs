@@ -7,7 +7,7 @@ use super::super::record::{EntryFigures, Forgotten, Publication, Record, RegionS
 use super::super::share::{smooth, targets};
 use super::super::split::{Claims, Split, Subject};
 use super::forget::idle_region;
-use super::{apply, Leading, Meter, DEADBAND, HOT_FRACTION};
+use super::{apply, Leading, Meter, DEADBAND, HOT_FRACTION, TICK_JITTER};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -254,9 +254,14 @@ async fn take_hot(
             let rate = counts.get(x).map_or(0.0, |n| *n as f64 / secs);
             *d = smooth(Some(*d), rate, weight);
         }
-        // A subject new to the figures starts at its measured rate, as a policy does.
+        // A subject new to the figures starts at its measured rate, as a policy does, over
+        // the longest time its count may cover: a pod's rounds are not in step with the
+        // leader's, so its first report of the subject may count from up to one of its
+        // ticks (jitter included) before the last take. Over `secs` alone, that read up to
+        // twice the rate, and marked hot subjects under the floor's worth of the limit.
+        let first = secs + s.tick().as_secs_f64() * (1.0 + TICK_JITTER);
         for (x, n) in &counts {
-            smoothed.entry(*x).or_insert(*n as f64 / secs);
+            smoothed.entry(*x).or_insert(*n as f64 / first);
         }
         smoothed.retain(|_, d| *d >= 1e-3);
         let kept = 4 * s.hot_max.max(1);
