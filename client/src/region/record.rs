@@ -9,6 +9,7 @@
 //!                                                  last moved, on the server's clock (ms
 //!                                                  since the epoch), and that count;
 //!                                                  written once it stops moving
+//!                                                  (and once by each new leader)
 //!                                  <policy>:s:<subject>  "claim share demand hot": an entry
 //!                                                        (see split), <subject> in 16 hex
 //! <prefix>:{region.<r>}:demand   hash, <policy> -> cumulative offered cost (HINCRBY by every pod)

@@ -83,7 +83,8 @@ impl Meter {
 
     /// The idle clock to write, once the count has not moved at a reading, and once per
     /// stop: while the count moves, a new leader sees it move and starts from then, so
-    /// the record need not follow it (a field written every round for every policy).
+    /// the record need not follow it (a field written every round for every policy). A
+    /// new leader writes a busy policy's once (its meter starts unmoved).
     fn still(&self, clock: &ServerClock) -> Option<Still> {
         let (count, at) = self.last?;
         let stopped = (count, self.moved);
@@ -95,10 +96,10 @@ impl Meter {
 }
 
 /// The region's server clock as one round read it: its time, in ms since the epoch, at
-/// `at` (the round trip's start: the server read it up to a round trip later, an error of
-/// milliseconds against an idle time of minutes). The record keeps when each policy's count last moved on this clock, which every
+/// `at`. The record keeps when each policy's count last moved on this clock, which every
 /// pod of the region shares, so a new leader goes on counting a policy's idle time where
-/// the last one left it.
+/// the last one left it. `at` is the round trip's start; the server read its clock up to
+/// a round trip later, which reads a time written as later (kept longer, the safe side).
 #[derive(Debug, Clone, Copy)]
 struct ServerClock {
     at: Instant,
@@ -200,12 +201,13 @@ impl Leading {
         );
         let demands = entries.iter().map(|(x, e)| (*x, e.demand)).collect();
         self.subjects.insert(name.clone(), demands);
-        let moved = match f.still {
-            Some(still) if still.count == counted => self.clock.instant(still.ms, s.forget_idle),
-            _ => now,
-        };
-        self.meters
-            .insert(name.clone(), Meter::new(f.demand, moved));
+        let mut meter = Meter::new(f.demand, now);
+        if let Some(still) = f.still.filter(|still| still.count == counted) {
+            meter.moved = self.clock.instant(still.ms, s.forget_idle);
+            // The record has it already.
+            meter.written = Some((counted, meter.moved));
+        }
+        self.meters.insert(name.clone(), meter);
         self.splits.insert(name, split);
     }
 
@@ -561,5 +563,13 @@ mod tests {
         assert_eq!(moved("moved"), now);
         assert_eq!(moved("unknown"), now);
         assert_eq!(l.meters["still"].smoothed, Some(2.0));
+        // Read again unmoved: the clock taken over is not written again; the others' are.
+        let later = now + Duration::from_millis(500);
+        for m in l.meters.values_mut() {
+            m.last = Some((12, later));
+        }
+        let to_write = |name: &str| l.meters[name].still(&l.clock).map(|x| x.count);
+        assert_eq!(to_write("still"), None);
+        assert_eq!(to_write("unknown"), Some(12));
     }
 }

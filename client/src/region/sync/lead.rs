@@ -254,12 +254,13 @@ async fn take_hot(
             let rate = counts.get(x).map_or(0.0, |n| *n as f64 / secs);
             *d = smooth(Some(*d), rate, weight);
         }
-        // A subject new to the figures starts at its measured rate, as a policy does, over
-        // the longest time its count may cover: a pod's rounds are not in step with the
-        // leader's, so its first report of the subject may count from up to one of its
-        // ticks (jitter included) before the last take. Over `secs` alone, that read up to
-        // twice the rate, and marked hot subjects under the floor's worth of the limit.
-        let first = secs + s.tick().as_secs_f64() * (1.0 + TICK_JITTER);
+        // A subject new to the figures starts at a lower bound of its rate: its count over
+        // the take's interval and a pod's longest round interval (short of a stall). A
+        // pod's rounds are not in step with the leader's, so its first report of the
+        // subject may count from up to that long before the last take. Over `secs` alone,
+        // that read up to twice the rate, and marked hot subjects under the floor's worth.
+        let round = s.tick().mul_f64(1.0 + TICK_JITTER).max(s.timeout());
+        let first = secs + round.as_secs_f64();
         for (x, n) in &counts {
             smoothed.entry(*x).or_insert(*n as f64 / first);
         }
