@@ -98,8 +98,9 @@ impl Meter {
 /// The region's server clock as one round read it: its time, in ms since the epoch, at
 /// `at`. The record keeps when each policy's count last moved on this clock, which every
 /// pod of the region shares, so a new leader goes on counting a policy's idle time where
-/// the last one left it. `at` is the round trip's start; the server read its clock up to
-/// a round trip later, which reads a time written as later (kept longer, the safe side).
+/// the last one left it. `at` is the round trip's start, and the server read its clock
+/// up to a round trip later: a time written reads later by the writer's delay and earlier
+/// by the reader's, an error of at most a sync timeout against an idle time of minutes.
 #[derive(Debug, Clone, Copy)]
 struct ServerClock {
     at: Instant,
