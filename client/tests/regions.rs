@@ -1101,6 +1101,37 @@ async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
     assert!(floored, "deleted without being steered to the floor");
 }
 
+/// `policy`'s entry fields in region 0's record.
+fn entries(c: &mut redis::Connection, policy: &str) -> Vec<String> {
+    let fields: Vec<String> = redis::cmd("HKEYS").arg("rl:{region.0}").query(c).unwrap();
+    let prefix = format!("{policy}:s:");
+    fields
+        .into_iter()
+        .filter(|f| f.starts_with(&prefix))
+        .collect()
+}
+
+/// One step of the follower's load, about twice the limit on one subject and about a
+/// tenth of it over ten quiet ones (`subject` the next): six checks of the busy subject,
+/// one of `subject`; then no quiet subject has an entry.
+async fn follower_step(
+    follower: &RegionalLimiter,
+    busy: &Policy,
+    quiet: &Policy,
+    subject: &str,
+    c: &mut redis::Connection,
+) {
+    for _ in 0..6 {
+        let _ = follower.check_one(busy, "busy", 1).await;
+    }
+    let _ = follower.check_one(quiet, subject, 1).await;
+    let quiet_entries = entries(c, quiet.name());
+    assert!(
+        quiet_entries.is_empty(),
+        "a quiet subject: {quiet_entries:?}"
+    );
+}
+
 /// Run-time policies only one pod of region 0 checks, and not the region's leader pod:
 /// the leader grows the region's share with the demand the other pod's checks count, and
 /// that pod checks with it (before, it stayed at the floor while the other pod led). It
@@ -1132,14 +1163,6 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
             .unwrap(),
     );
     let mut c = servers[0].conn();
-    let entries = |c: &mut redis::Connection, policy: &str| -> Vec<String> {
-        let fields: Vec<String> = redis::cmd("HKEYS").arg("rl:{region.0}").query(c).unwrap();
-        let prefix = format!("{policy}:s:");
-        fields
-            .into_iter()
-            .filter(|f| f.starts_with(&prefix))
-            .collect()
-    };
     // Ten quiet subjects at a time, new ones every second: each batch's first count is
     // measured afresh, at a random phase of the pods' rounds against the leader's.
     let began = Instant::now();
@@ -1147,17 +1170,8 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut i = 0usize;
     loop {
-        // About twice the limit on one subject; about a tenth of it over ten subjects.
-        for _ in 0..6 {
-            let _ = follower.check_one(&busy, "busy", 1).await;
-        }
-        let _ = follower.check_one(&quiet, &quiet_subject(i), 1).await;
+        follower_step(follower, &busy, &quiet, &quiet_subject(i), &mut c).await;
         i += 1;
-        let quiet_entries = entries(&mut c, "tenant-8");
-        assert!(
-            quiet_entries.is_empty(),
-            "a quiet subject: {quiet_entries:?}"
-        );
         let share = follower.share("tenant-7");
         let hot = entries(&mut c, "tenant-7").iter().any(|f| {
             let figures: Option<String> = recorded(&mut c, f);
@@ -1175,16 +1189,8 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     // A few more rounds of both, so that the quiet subjects are measured for a while.
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
-        for _ in 0..6 {
-            let _ = follower.check_one(&busy, "busy", 1).await;
-        }
-        let _ = follower.check_one(&quiet, &quiet_subject(i), 1).await;
+        follower_step(follower, &busy, &quiet, &quiet_subject(i), &mut c).await;
         i += 1;
-        let quiet_entries = entries(&mut c, "tenant-8");
-        assert!(
-            quiet_entries.is_empty(),
-            "a quiet subject: {quiet_entries:?}"
-        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Led all along by the other pod, which never met either policy.

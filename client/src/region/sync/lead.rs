@@ -242,6 +242,13 @@ async fn take_hot(
     let secs = now.duration_since(since).as_secs_f64().max(1e-3);
     let periods = (secs / s.period.as_secs_f64()).min(1.0);
     let weight = 1.0 - (1.0 - s.smoothing).powf(periods);
+    // A subject new to the figures starts at a lower bound of its rate: its count over
+    // the take's interval and a pod's longest round interval (short of a stall). A
+    // pod's rounds are not in step with the leader's, so its first report of the
+    // subject may count from up to that long before the last take. Over `secs` alone,
+    // that read up to twice the rate, and marked hot subjects under the floor's worth.
+    let round = s.tick().mul_f64(1.0 + TICK_JITTER).max(s.timeout());
+    let first = secs + round.as_secs_f64();
     for (name, _) in led {
         let counts: HashMap<Subject, u64> = taken
             .subjects
@@ -254,13 +261,6 @@ async fn take_hot(
             let rate = counts.get(x).map_or(0.0, |n| *n as f64 / secs);
             *d = smooth(Some(*d), rate, weight);
         }
-        // A subject new to the figures starts at a lower bound of its rate: its count over
-        // the take's interval and a pod's longest round interval (short of a stall). A
-        // pod's rounds are not in step with the leader's, so its first report of the
-        // subject may count from up to that long before the last take. Over `secs` alone,
-        // that read up to twice the rate, and marked hot subjects under the floor's worth.
-        let round = s.tick().mul_f64(1.0 + TICK_JITTER).max(s.timeout());
-        let first = secs + round.as_secs_f64();
         for (x, n) in &counts {
             smoothed.entry(*x).or_insert(*n as f64 / first);
         }
