@@ -3,7 +3,7 @@
 //! slot in an atomic slot migration.
 
 use redis::cluster::ClusterClient;
-use redis::{Connection, Value};
+use redis::{Connection, ErrorKind, ServerErrorKind, Value};
 use redis_ratelimit_testkit::*;
 use std::time::Duration;
 
@@ -78,28 +78,87 @@ fn cluster_routes_both_commands_and_refuses_cross_slot() {
     }
 }
 
-/// One per hour: nothing refills while a test runs.
-const PER_HOUR_1: &str = "0.0002777777777777778";
+/// How a server migrates a slot atomically, if it can.
+#[derive(Debug, Clone, Copy)]
+enum Migration {
+    /// Valkey 9: `CLUSTER MIGRATESLOTS SLOTSRANGE s s NODE <target>`, sent to the source.
+    MigrateSlots,
+    /// Redis 8.4: `CLUSTER MIGRATION IMPORT s s`, sent to the target.
+    MigrationImport,
+}
 
-/// Atomic slot migration (`CLUSTER MIGRATESLOTS`, Valkey 9): the server refuses it while any
-/// loaded module has not declared it can handle it. The module keeps nothing per slot, so it
-/// declares it, and a bucket moves with its slot: the target carries on where the source
-/// left off. Servers without the command print that they skipped it.
+impl Migration {
+    /// The way this server has, by the commands it knows.
+    fn of(c: &mut Connection) -> Option<Migration> {
+        let known = |c: &mut Connection, name: &str| {
+            let info: Vec<Value> = redis::cmd("COMMAND")
+                .arg("INFO")
+                .arg(name)
+                .query(c)
+                .unwrap();
+            info.first().is_some_and(|v| *v != Value::Nil)
+        };
+        if known(c, "CLUSTER|MIGRATESLOTS") {
+            Some(Migration::MigrateSlots)
+        } else if known(c, "CLUSTER|MIGRATION") {
+            Some(Migration::MigrationImport)
+        } else {
+            None
+        }
+    }
+
+    /// Starts moving `slot` from `source` to `target`; returns at once.
+    fn start(self, slot: i64, source: &Server, target: &Server) -> redis::RedisResult<Value> {
+        match self {
+            Migration::MigrateSlots => {
+                let target_id: String = redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query(&mut target.conn())?;
+                redis::cmd("CLUSTER")
+                    .arg("MIGRATESLOTS")
+                    .arg("SLOTSRANGE")
+                    .arg(slot)
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(target_id)
+                    .query(&mut source.conn())
+            }
+            Migration::MigrationImport => redis::cmd("CLUSTER")
+                .arg("MIGRATION")
+                .arg("IMPORT")
+                .arg(slot)
+                .arg(slot)
+                .query(&mut target.conn()),
+        }
+    }
+}
+
+/// A bucket with room for every check of the test and a refill of about one token in 11.6
+/// days: `remaining` counts the checks exactly. (Its refill time, 10^15 ticks, is the
+/// longest a limit may have.)
+const WIDE_BURST: i64 = 100_000;
+const WIDE_RATE: &str = "0.001";
+
+/// Other keys in the bucket's slot, so that the migration takes long enough for checks to
+/// be answered by the source while it runs.
+const FILLERS: usize = 100_000;
+
+/// Atomic slot migration (Valkey 9's `CLUSTER MIGRATESLOTS`, Redis 8.4's `CLUSTER MIGRATION
+/// IMPORT`): a bucket moves with its slot and carries every check made before and while the
+/// slot moved, and the target goes on from there. Valkey refuses the migration while a
+/// loaded module has not declared it can handle it (the module keeps nothing per slot, so it
+/// declares it); Redis asks nothing of modules. Servers without either print that they
+/// skipped it.
 #[test]
 fn atomic_slot_migration_moves_buckets_with_their_slot() {
     for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let version = nodes[0].version();
-        let info: Vec<Value> = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg("CLUSTER|MIGRATESLOTS")
-            .query(&mut nodes[0].conn())
-            .unwrap();
-        if info.first().is_none_or(|v| *v == Value::Nil) {
-            eprintln!("{flavor:?} {version:?}: no CLUSTER MIGRATESLOTS, skipped");
+        let Some(migration) = Migration::of(&mut nodes[0].conn()) else {
+            eprintln!("{flavor:?} {version:?}: no atomic slot migration, skipped");
             continue;
-        }
-        let key = "user:asm";
+        };
+        let key = "{asm}:bucket";
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
@@ -113,41 +172,66 @@ fn atomic_slot_migration_moves_buckets_with_their_slot() {
         };
         let (source, target) = (&nodes[owner], &nodes[(owner + 1) % 3]);
         let mut src = source.conn();
-        let first = rl_check(&mut src, key, PER_HOUR_1, 3, 1);
-        assert_eq!((first.0, first.1), (1, 2), "{flavor:?} {version:?}");
-        let target_id: String = redis::cmd("CLUSTER")
-            .arg("MYID")
-            .query(&mut target.conn())
-            .unwrap();
-        let started: redis::RedisResult<Value> = redis::cmd("CLUSTER")
-            .arg("MIGRATESLOTS")
-            .arg("SLOTSRANGE")
-            .arg(slot)
-            .arg(slot)
-            .arg("NODE")
-            .arg(&target_id)
-            .query(&mut src);
-        assert!(started.is_ok(), "{flavor:?} {version:?}: {started:?}");
+        let mut fill = redis::pipe();
+        for i in 0..FILLERS {
+            fill.set(format!("{{asm}}:filler:{i}"), i).ignore();
+        }
+        let () = fill.query(&mut src).unwrap();
+        let first = rl_check(&mut src, key, WIDE_RATE, WIDE_BURST, 1);
+        assert_eq!(first.1, WIDE_BURST - 1, "{flavor:?} {version:?}");
+        let mut taken = 1;
 
-        // Once the target owns the slot it answers instead of redirecting: from the same
-        // bucket, one token already taken.
-        let mut dst = target.conn();
-        let mut reply = None;
-        let moved = eventually(Duration::from_secs(20), || {
+        let started = migration.start(slot, source, target);
+        assert!(started.is_ok(), "{flavor:?} {version:?}: {started:?}");
+        // The source answers until it hands the slot over, then redirects.
+        let mut while_moving = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
             let r: redis::RedisResult<Reply> = redis::cmd("RL.CHECK")
                 .arg(key)
-                .arg(PER_HOUR_1)
-                .arg(3)
+                .arg(WIDE_RATE)
+                .arg(WIDE_BURST)
                 .arg(1)
-                .query(&mut dst);
-            reply = r.ok();
-            reply.is_some()
-        });
-        assert!(moved, "{flavor:?} {version:?}: slot {slot} never moved");
-        let (allowed, remaining, _, _) = reply.unwrap();
-        assert_eq!((allowed, remaining), (1, 1), "{flavor:?} {version:?}");
-        assert_eq!(rl_check(&mut dst, key, PER_HOUR_1, 3, 1).1, 0);
-        assert_eq!(rl_check(&mut dst, key, PER_HOUR_1, 3, 1).0, 0);
-        eprintln!("{flavor:?} {version:?}: slot {slot} migrated with its bucket");
+                .query(&mut src);
+            match r {
+                Ok(r) => {
+                    taken += 1;
+                    while_moving += 1;
+                    assert_eq!(
+                        (r.0, r.1),
+                        (1, WIDE_BURST - taken),
+                        "{flavor:?} {version:?}: check {taken} on the source"
+                    );
+                }
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) => break,
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {}
+                Err(e) => panic!("{flavor:?} {version:?}: the source answered {e}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{flavor:?} {version:?}: slot {slot} never moved"
+            );
+        }
+        // Checks were answered while the slot moved: the migration took them along.
+        assert!(while_moving > 0, "{flavor:?} {version:?}: {migration:?}");
+
+        let mut dst = target.conn();
+        let next = rl_check(&mut dst, key, WIDE_RATE, WIDE_BURST, 1);
+        taken += 1;
+        assert_eq!(
+            (next.0, next.1),
+            (1, WIDE_BURST - taken),
+            "{flavor:?} {version:?}: the target after {while_moving} checks while moving"
+        );
+        let fillers: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut dst)
+            .unwrap();
+        assert_eq!(fillers, FILLERS as i64 + 1, "{flavor:?} {version:?}");
+        eprintln!(
+            "{flavor:?} {version:?}: slot {slot} moved ({migration:?}) with its bucket, \
+             {while_moving} checks answered by the source while it moved"
+        );
     }
 }
