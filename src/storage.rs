@@ -348,18 +348,21 @@ fn write_by_call(ctx: &Context, name: KeyName, value: u32, expire: u64) -> Resul
     let digits = decimal(value.into(), &mut digits);
     let mut at = [0u8; 20];
     let at = decimal(expire, &mut at);
+    // The pooled token, not a C string the call would make a string of each time.
+    let pxat = ValuePool::pxat().ok_or(RedisError::Str("ERR value pool missing"))?;
     let call = api!(RedisModule_Call)?;
-    // SAFETY: live context; format "!sbcb": propagate the call, then (RedisModuleString*,
-    // buffer and length, C string, buffer and length).
+    // SAFETY: live context; format "!sbsb": propagate the call, then (RedisModuleString*,
+    // buffer and length, RedisModuleString*, buffer and length); the pooled token outlives
+    // the call (the propagated command takes its own reference).
     let reply = CallReply::new(unsafe {
         call(
             ctx.ctx,
             c"SET".as_ptr(),
-            c"!sbcb".as_ptr(),
+            c"!sbsb".as_ptr(),
             name,
             digits.as_ptr().cast::<std::ffi::c_char>(),
             digits.len(),
-            c"PXAT".as_ptr(),
+            pxat,
             at.as_ptr().cast::<std::ffi::c_char>(),
             at.len(),
         )
