@@ -40,8 +40,9 @@ use std::sync::OnceLock;
 pub(crate) type KeyName = *mut raw::RedisModuleString;
 
 /// The shared value strings `"0"` ..= `"49999"`, created at load and never freed: keys keep
-/// pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of the
-/// replicated `SET`, so replicating creates only the expiry's string.
+/// pointing at them, even after a `MODULE UNLOAD`. Also the `PXAT` argument of every `SET`
+/// the module writes or replicates, on every server, so a write creates only the strings
+/// of its key's new value and expiry (of the expiry alone where values are shared).
 ///
 /// Created at load (about 2 MB, once per server) rather than on first use: creating one costs
 /// more than a whole check, and a busy server would otherwise pay it on ~10 000 checks of each

@@ -131,11 +131,26 @@ impl Migration {
                 .query(&mut target.conn()),
         }
     }
+
+    /// What the server says of its migrations, for a failure's message.
+    fn status(self, node: &Server) -> String {
+        let asked = match self {
+            Migration::MigrateSlots => redis::cmd("CLUSTER")
+                .arg("GETSLOTMIGRATIONS")
+                .query::<Value>(&mut node.conn()),
+            Migration::MigrationImport => redis::cmd("CLUSTER")
+                .arg("MIGRATION")
+                .arg("STATUS")
+                .arg("ALL")
+                .query::<Value>(&mut node.conn()),
+        };
+        format!("{asked:?}")
+    }
 }
 
-/// A bucket with room for every check of the test and a refill of about one token in 11.6
-/// days: `remaining` counts the checks exactly. (Its refill time, 10^15 ticks, is the
-/// longest a limit may have.)
+/// A bucket with room for every check of the test and one token back every 1 000 s (the
+/// loop below gives up after 30 s): `remaining` counts the checks exactly. (Its refill
+/// time, 10^15 ticks, is the longest a limit may have.)
 const WIDE_BURST: i64 = 100_000;
 const WIDE_RATE: &str = "0.001";
 
@@ -207,10 +222,13 @@ fn atomic_slot_migration_moves_buckets_with_their_slot() {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {}
                 Err(e) => panic!("{flavor:?} {version:?}: the source answered {e}"),
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{flavor:?} {version:?}: slot {slot} never moved"
-            );
+            if std::time::Instant::now() >= deadline {
+                panic!(
+                    "{flavor:?} {version:?}: slot {slot} never moved; the source's \
+                     migrations: {}",
+                    migration.status(source)
+                );
+            }
         }
         // Checks were answered while the slot moved: the migration took them along.
         assert!(while_moving > 0, "{flavor:?} {version:?}: {migration:?}");
