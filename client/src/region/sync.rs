@@ -86,12 +86,18 @@ impl Meter {
     /// the record need not follow it (a field written every round for every policy). A
     /// new leader writes a busy policy's once (its meter starts unmoved).
     fn still(&self, clock: &ServerClock) -> Option<Still> {
-        let (count, at) = self.last?;
-        let stopped = (count, self.moved);
+        let (_, at) = self.last?;
+        let stopped = self.stopped()?;
         (at != self.moved && self.written != Some(stopped)).then(|| Still {
             ms: clock.ms(self.moved),
-            count,
+            count: stopped.0,
         })
+    }
+
+    /// The last count read and when it last moved: what [`Meter::still`] writes, and what
+    /// `written` remembers once it is written.
+    fn stopped(&self) -> Option<(u64, Instant)> {
+        self.last.map(|(count, _)| (count, self.moved))
     }
 }
 

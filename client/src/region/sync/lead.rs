@@ -353,7 +353,7 @@ async fn publish(
     if ok {
         for f in figures.iter().filter(|f| f.still.is_some()) {
             if let Some(m) = l.meters.get_mut(f.policy) {
-                m.written = m.last.map(|(count, _)| (count, m.moved));
+                m.written = m.stopped();
             }
         }
         let at = Instant::now();
