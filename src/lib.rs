@@ -1,5 +1,5 @@
-//! `redis-ratelimit`: a Redis / Valkey module adding `RL.CHECK`, `RL.CHECKALL` and `RL.SETTLE`, an exact
-//! token bucket checked and updated inside the server in one round trip.
+//! `redis-ratelimit`: a Redis / Valkey module adding `RL.CHECK`, `RL.CHECKALL` and
+//! `RL.SETTLE`, an exact token bucket checked and updated inside the server in one round trip.
 //!
 //! This file only registers the module. The commands' registration, argument parsing and
 //! replies live in [`command`], the key layout, expiry and replication in [`storage`] (with

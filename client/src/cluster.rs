@@ -245,7 +245,8 @@ impl Cluster {
                     ),
                 },
                 Ok(Err(e)) => {
-                    tracing::debug!(node = node.addr(), error = %e, "ratelimit: CLUSTER SLOTS failed")
+                    let node = node.addr();
+                    tracing::debug!(node, error = %e, "ratelimit: CLUSTER SLOTS failed")
                 }
                 Err(_) => tracing::debug!(node = node.addr(), "ratelimit: CLUSTER SLOTS timed out"),
             }

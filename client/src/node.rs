@@ -145,11 +145,19 @@ impl Node {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 *self.conn.write().unwrap_or_else(|p| p.into_inner()) = fresh;
-                tracing::warn!(node = %self.addr, error = %e, "ratelimit: connection retired, a fresh one replaces it");
+                tracing::warn!(
+                    node = %self.addr,
+                    error = %e,
+                    "ratelimit: connection retired, a fresh one replaces it"
+                );
                 metrics::counter!("ratelimit_connections_retired_total").increment(1);
             }
             Err(e) => {
-                tracing::warn!(node = %self.addr, error = %e, "ratelimit: could not replace the connection");
+                tracing::warn!(
+                    node = %self.addr,
+                    error = %e,
+                    "ratelimit: could not replace the connection"
+                );
             }
         }
     }

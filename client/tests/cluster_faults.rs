@@ -173,7 +173,8 @@ async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
         );
         let share = healthy_store as f64 / healthy_total as f64;
         eprintln!(
-            "{flavor:?}: healthy subjects {}/300, their checks answered by the store: {:.2}% of {healthy_total}; slowest {slowest:?}",
+            "{flavor:?}: healthy subjects {}/300, their checks answered by the store: \
+             {:.2}% of {healthy_total}; slowest {slowest:?}",
             healthy.len(),
             100.0 * share
         );

@@ -102,8 +102,9 @@ async fn llm_route_reserves_settles_and_refuses_while_in_debt() {
                 r.headers
             );
             let want = (10_000 - 4_000 * (i + 1)).max(0);
+            // A token refills every 6 ms while the test runs.
             assert!(
-                (remaining(&r) - want).abs() <= 50, // a token refills every 6 ms while the test runs
+                (remaining(&r) - want).abs() <= 50,
                 "{}: r={} want {want}",
                 t.name,
                 remaining(&r)

@@ -35,8 +35,9 @@ async fn under_estimates_go_into_debt_and_the_next_request_waits_it_out() {
             let after = r.settle(4_000).await.unwrap();
             assert_eq!(after.source, Source::Store, "{}", t.name);
             let want = 10_000u64.saturating_sub(4_000 * (i + 1));
+            // A token refills every 6 ms while the test runs.
             assert!(
-                after.remaining.abs_diff(want) <= 50, // a token refills every 6 ms while the test runs
+                after.remaining.abs_diff(want) <= 50,
                 "{}: {} vs {want}",
                 t.name,
                 after.remaining

@@ -12,8 +12,9 @@
 //!   the full millisecond the bucket is really full.
 //!
 //! Decoding reads the class from the value, so it never depends on the limit a call passes:
-//! `tat = (E − LINGER_MS[c]) × 10 000 − sub_ms`. Class 0 lingers 0 ms: values `0..=9999` are the
-//! first format (key expiring exactly when full), so keys written before it still read exactly.
+//! `tat = (E − LINGER_MS[c]) × 10 000 − sub_ms`. Class 0 lingers 0 ms: values `0..=9999` are
+//! the first format (key expiring exactly when full), so keys written before it still read
+//! exactly.
 //!
 //! Why linger: a key that expires the moment it is full is deleted and re-created by nearly
 //! every check of a busy deployment (200k subjects checked at random at 50k/s: ~50k expirations

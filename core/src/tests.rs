@@ -399,7 +399,12 @@ proptest! {
 
     /// Waiting exactly `retry_after_ms` and retrying is admitted.
     #[test]
-    fn waiting_retry_after_is_enough(l in limits(), steps in steps(), cost in 1u64..6, jitter in 0..MS) {
+    fn waiting_retry_after_is_enough(
+        l in limits(),
+        steps in steps(),
+        cost in 1u64..6,
+        jitter in 0..MS,
+    ) {
         let mut now = NOW;
         let mut tat = 0;
         for (dt, c) in steps {
@@ -440,7 +445,8 @@ proptest! {
                 let linger = stored::LINGER_MS[usize::from(class)];
                 prop_assert_eq!(s.expire_at_ms - now / MS, d.reset_after_ms + linger);
                 prop_assert!(linger <= stored::MAX_LINGER_MS);
-                prop_assert_eq!(stored::decode(s.expire_at_ms as i64, s.value.to_string().as_bytes()), Ok(d.tat));
+                let value = s.value.to_string();
+                prop_assert_eq!(stored::decode(s.expire_at_ms as i64, value.as_bytes()), Ok(d.tat));
             }
         }
     }
@@ -454,7 +460,10 @@ proptest! {
         let mut admitted = Vec::new();
         for (dt, cost) in steps {
             now += dt;
-            let checks = [Check { limit: l, cost, bucket: 0 }, Check { limit: l, cost: 1, bucket: 0 }];
+            let checks = [
+                Check { limit: l, cost, bucket: 0 },
+                Check { limit: l, cost: 1, bucket: 0 },
+            ];
             let (all, _) = check_all(&checks, &mut tats, now);
             if all {
                 admitted.push((now, cost + 1));
@@ -491,7 +500,11 @@ proptest! {
     /// from any starting state and with charges settled in between, the tokens admitted by
     /// checks are at most burst + rate × (t2 − t1).
     #[test]
-    fn sliding_windows_never_over_admit(l in limits(), lead in start_lead(), steps in mixed_steps()) {
+    fn sliding_windows_never_over_admit(
+        l in limits(),
+        lead in start_lead(),
+        steps in mixed_steps(),
+    ) {
         let mut now = NOW;
         let mut tat = start_tat(&l, lead);
         let mut log: Vec<(u64, u64)> = Vec::new(); // (time, tokens admitted by a check)
@@ -512,7 +525,12 @@ proptest! {
     /// From a TAT far ahead, waiting exactly `retry_after_ms` is enough, and not a tick less
     /// than the whole milliseconds before it.
     #[test]
-    fn retry_after_is_true_from_far_ahead(l in limits(), lead in start_lead(), cost in 1u64..6, jitter in 0..MS) {
+    fn retry_after_is_true_from_far_ahead(
+        l in limits(),
+        lead in start_lead(),
+        cost in 1u64..6,
+        jitter in 0..MS,
+    ) {
         let tat = start_tat(&l, lead);
         let now = NOW + jitter;
         let d = check(&l, cost, tat, now);
@@ -564,7 +582,8 @@ proptest! {
     #[test]
     fn stored_round_trip(tat in NOW..NOW + MAX_LEAD_TICKS, class in 0u8..5) {
         let s = stored::encode(tat, class);
-        prop_assert_eq!(stored::decode(s.expire_at_ms as i64, s.value.to_string().as_bytes()), Ok(tat));
+        let value = s.value.to_string();
+        prop_assert_eq!(stored::decode(s.expire_at_ms as i64, value.as_bytes()), Ok(tat));
         prop_assert!(s.expire_at_ms * MS >= tat);
         prop_assert!(s.expire_at_ms * MS < tat + (stored::MAX_LINGER_MS + 1) * MS);
     }

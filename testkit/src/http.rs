@@ -27,7 +27,8 @@ pub async fn http_request(
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: test\r\n{extra}\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut raw = String::new();

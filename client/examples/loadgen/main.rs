@@ -479,7 +479,14 @@ async fn run(a: Args) {
             })
             .sum();
         format!(
-            ",\"regions\":{regions},\"per_region_allowed\":[{allowed}],\"shares\":[{shares}],\"rebalances\":{rebalances}"
+            concat!(
+                ",\"regions\":{regions},\"per_region_allowed\":[{allowed}],",
+                "\"shares\":[{shares}],\"rebalances\":{rebalances}"
+            ),
+            regions = regions,
+            allowed = allowed,
+            shares = shares,
+            rebalances = rebalances
         )
     } else {
         String::new()
@@ -489,7 +496,8 @@ async fn run(a: Args) {
             "{{\"checks\":{},\"allowed\":{},\"denied\":{},\"store\":{},\"fail_open\":{},",
             "\"fail_closed\":{},\"local_fallback\":{},\"deny_cache\":{},\"errors\":{},",
             "\"checks_per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
-            "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},\"allowed_bound\":{:.1},",
+            "\"elapsed_s\":{:.3},\"pods\":{},\"keys\":{},\"offered_rate\":{},",
+            "\"allowed_bound\":{:.1},",
             "\"client_cpu_us_per_check\":{:.2},\"client_user_us_per_check\":{:.2},",
             "\"client_sys_us_per_check\":{:.2},\"pacer_cpu_us_per_check\":{:.2},",
             "\"pacer_tick_us\":{:.0},",
@@ -594,8 +602,8 @@ fn record(
 
 /// API key number `n`, `key<n>`, written on the stack. Not a table of every key: picking
 /// from 200k strings at random made each check two cache misses (the table, then the
-/// string), ~12% of loadgen's CPU (1.1-1.5 µs per check at 50k/s), which a service that has just parsed the key from
-/// its request never pays.
+/// string), ~12% of loadgen's CPU (1.1-1.5 µs per check at 50k/s), which a service that
+/// has just parsed the key from its request never pays.
 struct Subject {
     buf: [u8; 24],
     len: usize,

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 /// # async fn demo() -> Result<(), redis_ratelimit_client::Error> {
 /// let api = Policy::builder("api").per_second(300).burst(30).build()?;
 /// // This pod is in region 1 of three; one store per region, in the same order everywhere.
-/// let limiter = RegionalLimiter::builder(1, ["redis://eu:6379", "redis://us:6379", "redis://ap:6379"])
+/// let stores = ["redis://eu:6379", "redis://us:6379", "redis://ap:6379"];
+/// let limiter = RegionalLimiter::builder(1, stores)
 ///     .policy(&api)
 ///     .build()?;
 /// let d = limiter.check_one(&api, "api-key-123", 1).await?;

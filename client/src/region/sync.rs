@@ -470,8 +470,12 @@ fn apply(sh: &Shared, slot: &Slot, ppm: u32, entries: &[(Subject, u32)], valid_u
         tracing::warn!("ratelimit: a subject's share out of range, applied at the floor");
     }
     let (region, policy) = (sh.region.to_string(), slot.base.metric_label());
-    metrics::gauge!("ratelimit_region_share", "region" => region.clone(), "policy" => policy.clone())
-        .set(f64::from(applied.ppm) / f64::from(WHOLE));
+    metrics::gauge!(
+        "ratelimit_region_share",
+        "region" => region.clone(),
+        "policy" => policy.clone()
+    )
+    .set(f64::from(applied.ppm) / f64::from(WHOLE));
     metrics::gauge!("ratelimit_region_hot_subjects", "region" => region, "policy" => policy)
         .set(applied.entries.len() as f64);
 }

@@ -285,7 +285,8 @@ proptest! {
         let mut w = World::new(n);
         for (i, o) in ops.iter().enumerate() {
             w.apply(o);
-            prop_assert!(w.in_use() <= u64::from(WHOLE), "after op {i} {o:?}: {} in use", w.in_use());
+            let used = w.in_use();
+            prop_assert!(used <= u64::from(WHOLE), "after op {i} {o:?}: {used} in use");
         }
     }
 

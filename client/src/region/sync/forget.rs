@@ -46,7 +46,8 @@ pub(super) fn adopt(
             continue;
         };
         let f = record.figures(name);
-        tracing::debug!(region = sh.region, policy = %name, "ratelimit: leading a policy met elsewhere");
+        let region = sh.region;
+        tracing::debug!(region, policy = %name, "ratelimit: leading a policy met elsewhere");
         // As a new leader's own; measured from then on from the counter alone, its subjects
         // from the pods' reports.
         let name: Arc<str> = name.into();
