@@ -106,7 +106,7 @@ async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
     if !Blackhole::usable() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
             .timeout(TIMEOUT)
@@ -225,7 +225,7 @@ async fn a_lost_node_sends_only_its_own_subjects_to_the_fallback() {
 /// `MOVED` is followed in the same check, and the next checks go to the new owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_followed_at_once() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
             .timeout(Duration::from_millis(500))
@@ -301,7 +301,7 @@ async fn a_probe_answered_counts_though_a_sub_bucket_node_fails_the_check() {
     if !Blackhole::usable() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         // Longer than the other tests' timeout; the next check must find node 0's breaker
         // as this check left it.
@@ -361,7 +361,7 @@ async fn a_settlement_falls_back_only_for_the_silent_nodes_buckets() {
     if !Blackhole::usable() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         // Long enough for node 0 to answer on a loaded machine.
         let timeout = Duration::from_millis(60);
@@ -465,7 +465,7 @@ async fn a_settlement_falls_back_only_for_the_silent_nodes_buckets() {
 /// by slot, the first would take the probe and the others be refused, settled locally).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let timeout = Duration::from_millis(60);
         let l = probing_limiter(&nodes, timeout, flavor).await;
@@ -503,7 +503,7 @@ async fn a_settlement_takes_one_probe_for_all_its_buckets_on_a_node() {
 /// unreported and the node's checks stayed in the fallback until it was given up on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let timeout = Duration::from_millis(60);
         let l = probing_limiter(&nodes, timeout, flavor).await;
@@ -578,7 +578,7 @@ async fn a_slot_in_migration_is_answered_by_the_fail_mode_and_answers_a_probe() 
 /// away with a `MOVED`, an extra round trip and a topology read each time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_led_by_a_sharded_policy_asks_the_subjects_node() {
-    let nodes = start_cluster(Flavor::Valkey);
+    let nodes = start_cluster(Flavor::Valkey.or_selected());
     let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
         .timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_secs(600))
@@ -604,7 +604,7 @@ async fn a_check_led_by_a_sharded_policy_asks_the_subjects_node() {
 /// node's stall cannot turn the refusal into a local admission.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_stands_while_a_sub_buckets_node_stalls() {
-    let nodes = start_cluster(Flavor::Valkey);
+    let nodes = start_cluster(Flavor::Valkey.or_selected());
     let timeout = Duration::from_millis(100);
     let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
         .timeout(timeout)
@@ -641,7 +641,7 @@ async fn a_refusal_stands_while_a_sub_buckets_node_stalls() {
 /// charged for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cost_over_a_sub_buckets_burst_charges_nothing() {
-    let nodes = start_cluster(Flavor::Valkey);
+    let nodes = start_cluster(Flavor::Valkey.or_selected());
     let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
         .timeout(Duration::from_millis(500))
         .build()

@@ -22,7 +22,7 @@ async fn a_silently_dropped_connection_is_replaced() {
     if !Blackhole::usable() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let s = Server::start(flavor);
         let l = Limiter::builder(s.url())
             .timeout(TIMEOUT)
@@ -103,7 +103,7 @@ async fn a_silently_dropped_background_connection_is_replaced() {
     if !Blackhole::usable() {
         return;
     }
-    let s = Server::start(Flavor::Valkey);
+    let s = Server::start(Flavor::Valkey.or_selected());
     let l = Limiter::builder(s.url()).build().unwrap();
     let pod = LivePods::builder(s.url())
         .id("victim")

@@ -118,7 +118,7 @@ async fn expect_recovery(l: &Limiter, p: &Policies) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let mut s = Server::start(flavor);
         let l = limiter(&s);
         let p = policies();
@@ -143,7 +143,7 @@ async fn killed_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_server() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let s = Server::start(flavor);
         let l = limiter(&s);
         let p = policies();
@@ -170,7 +170,7 @@ async fn hung_server() {
 /// While the store is out, a pod admits its share (limit ÷ pods), not the whole limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_fallback_admits_the_pod_share() {
-    let mut s = Server::start(Flavor::Redis);
+    let mut s = Server::start(Flavor::Redis.or_selected());
     let l = limiter(&s); // 4 pods
     s.kill();
     let p = Policy::builder("share")
@@ -220,7 +220,7 @@ async fn breaker_stops_hammering_and_probes() {
     let errors = |c: &HashMap<String, u64>| c.get("ratelimit_store_errors_total").copied();
     let decisions = |c: &HashMap<String, u64>| c.get("ratelimit_decisions_total").copied();
 
-    let mut s = Server::start(Flavor::Valkey);
+    let mut s = Server::start(Flavor::Valkey.or_selected());
     // Opens after 3 failures, probes after 50 ms, then backs off to every PROBE. A killed
     // server refuses connections at once, so a generous timeout changes nothing below and
     // keeps a slow first check on a loaded machine from counting as a failure.

@@ -115,7 +115,7 @@ async fn deny_cache_saves_round_trips_until_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_cache_stays_bounded_under_many_keys() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let l = Limiter::builder(s.url())
         .timeout(Duration::from_millis(500))
         .deny_cache_capacity(500)
@@ -139,7 +139,7 @@ async fn deny_cache_stays_bounded_under_many_keys() {
 /// RL.CHECKALL, and a hot policy's sub-buckets land on different slots (and nodes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_checks_and_hot_key_shards() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let nodes = start_cluster(flavor);
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
             .timeout(Duration::from_millis(500))
@@ -219,7 +219,7 @@ async fn cluster_checks_and_hot_key_shards() {
 /// on the subject's node, at times not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_settles_reservations_with_sub_buckets() {
-    let nodes = start_cluster(Flavor::Valkey);
+    let nodes = start_cluster(Flavor::Valkey.or_selected());
     for script in [false, true] {
         let l = Limiter::cluster_builder(nodes.iter().map(Server::url))
             .timeout(Duration::from_millis(500))

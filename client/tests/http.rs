@@ -126,7 +126,7 @@ fn items(v: &str) -> Vec<(String, HashMap<String, i64>)> {
 /// be a way around the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_requests_are_limited_like_get() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let addr = app(s.url()).await;
     for i in 0..20 {
         let r = request(addr, "HEAD", "/api/hello", Some("h1")).await;
@@ -145,7 +145,7 @@ async fn head_requests_are_limited_like_get() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_21st_quick_request_is_429_with_headers_and_problem() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let addr = app(s.url()).await;
     for i in 0..20 {
         let r = request(addr, "GET", "/api/hello", Some("k1")).await;
@@ -186,7 +186,7 @@ async fn the_21st_quick_request_is_429_with_headers_and_problem() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_never_early() {
-    let s = Server::start(Flavor::Valkey);
+    let s = Server::start(Flavor::Valkey.or_selected());
     let addr = app(s.url()).await;
     assert_eq!(request(addr, "GET", "/fast", Some("k")).await.status, 200);
     let r = request(addr, "GET", "/fast", Some("k")).await;
@@ -203,7 +203,7 @@ async fn retry_after_is_never_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_key_is_401_or_limited_per_ip() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let addr = app(s.url()).await;
     let r = request(addr, "GET", "/api/x", None).await;
     assert_eq!(r.status, 401);
@@ -224,7 +224,7 @@ async fn missing_key_is_401_or_limited_per_ip() {
 /// mistook for a keyed request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_request_is_not_metered() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let limiter = Limiter::builder(s.url())
         .timeout(Duration::from_millis(500))
         .build()
@@ -269,7 +269,7 @@ async fn an_anonymous_request_is_not_metered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_api_serves_login_refuses_then_recovers() {
-    let mut s = Server::start(Flavor::Redis);
+    let mut s = Server::start(Flavor::Redis.or_selected());
     let addr = app(s.url()).await;
     assert_eq!(request(addr, "POST", "/login", Some("u")).await.status, 200);
 

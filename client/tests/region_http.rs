@@ -24,7 +24,9 @@ fn used_tokens(h: &HeaderMap) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_limits_at_the_regions_share_and_settles_its_demand() {
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     // 600/min = 10/s, burst 100: the whole limit would admit every one of 60 requests.
     let api = Policy::builder("api")

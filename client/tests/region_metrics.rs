@@ -14,7 +14,9 @@ async fn shares_rebalances_figure_age_led_policies_hot_subjects_and_pods_are_rep
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
 
-    let servers: Vec<Server> = (0..2).map(|_| Server::start(Flavor::Valkey)).collect();
+    let servers: Vec<Server> = (0..2)
+        .map(|_| Server::start(Flavor::Valkey.or_selected()))
+        .collect();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = Policy::builder("api")
         .per_second(100)

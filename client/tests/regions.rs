@@ -34,7 +34,9 @@ struct Regions {
 }
 
 fn start() -> Regions {
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = policy();
     let pods = (0..3)
@@ -373,8 +375,8 @@ async fn a_stopped_region_neither_errs_nor_lets_the_total_overrun() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_on_a_cluster() {
     let _serial = SERIAL.lock().await;
-    let nodes = start_cluster(Flavor::Valkey);
-    let server = Server::start(Flavor::Valkey);
+    let nodes = start_cluster(Flavor::Valkey.or_selected());
+    let server = Server::start(Flavor::Valkey.or_selected());
     let stores = vec![
         RegionTarget::Cluster(nodes.iter().map(Server::url).collect()),
         RegionTarget::Server(server.url()),
@@ -548,7 +550,7 @@ async fn a_floor_outside_its_range_is_refused_at_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impossible_cost_counts_as_the_burst_in_the_demand() {
     let _serial = SERIAL.lock().await;
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     let p = policy();
     let l = RegionalLimiter::builder(0, [s.url()])
         .policy(&p)
@@ -582,8 +584,8 @@ async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let own = Server::start(Flavor::Redis);
-    let silent = Server::start(Flavor::Redis);
+    let own = Server::start(Flavor::Redis.or_selected());
+    let silent = Server::start(Flavor::Redis.or_selected());
     let _hole = Blackhole::ports(&[silent.port]);
     // The fault is real: a connect to the silent server is not answered.
     let fresh = redis::Client::open(silent.url())
@@ -625,7 +627,9 @@ async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_keeps_the_share_while_a_peer_is_unreadable() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = policy();
     let pod = |r: usize| {
@@ -763,7 +767,9 @@ fn region0_fields(server: &Server) -> (Vec<String>, Vec<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let region0 = pods[0].clone();
@@ -857,7 +863,9 @@ async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_reservation_keeps_its_policy() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let pod = &pods[1][0];
@@ -886,7 +894,9 @@ async fn a_held_reservation_keeps_its_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_leader_never_met_is_cleaned() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let mut c = servers[0].conn();
     let entry = "held:s:00000000000000ab";
     let _: () = redis::cmd("HSET")
@@ -987,7 +997,9 @@ async fn what_the_leader_never_met_is_cleaned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let mut c = servers[0].conn();
     let entry = "busy:s:00000000000000ab";
     let _: () = redis::cmd("HSET")
@@ -1143,7 +1155,9 @@ async fn follower_step(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     // A 1.6 s period: a lease of 1.6 s, which a loaded host does not let lapse.
     let pods = forgetting_pods(&servers, Duration::from_millis(1_600), TWO_SECONDS);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1214,7 +1228,9 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_goes_on_with_the_idle_clock() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start(Flavor::Redis)).collect();
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Flavor::Redis.or_selected()))
+        .collect();
     let idle = Duration::from_secs(6);
     let mut pods = forgetting_pods(&servers, Duration::from_millis(400), idle);
     let mut c = servers[0].conn();

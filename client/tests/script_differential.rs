@@ -149,7 +149,7 @@ enum Reply2 {
 /// One server for every case (each case uses its own keys), stopped when the test ends.
 #[test]
 fn script_matches_the_core() {
-    let s = Server::start(Flavor::Redis);
+    let s = Server::start(Flavor::Redis.or_selected());
     // `TestRunner::run` takes a `Fn`: the connection and case counter are shared cells.
     let c = std::cell::RefCell::new(s.conn());
     let case = std::cell::Cell::new(0u64);

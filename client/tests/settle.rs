@@ -158,7 +158,7 @@ async fn a_charge_past_the_deepest_debt_is_capped_not_dropped() {
 /// Module and script settle the same way, field for field, on the same sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_module_settle_alike() {
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let s = Server::start(flavor);
         let mut c = s.conn();
         let steps: &[(&str, &str, &str)] = &[
@@ -241,7 +241,7 @@ fn hourly() -> Policy {
 /// holds there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settling_during_an_outage_charges_the_local_bucket() {
-    let mut s = Server::start(Flavor::Redis);
+    let mut s = Server::start(Flavor::Redis.or_selected());
     let l = pod(&s, 50).build().unwrap();
     let p = hourly();
     assert!(l.ready(Duration::from_secs(5)).await);
@@ -267,7 +267,7 @@ async fn settling_during_an_outage_charges_the_local_bucket() {
 /// other pods take more than the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_back() {
-    let mut s = Server::start(Flavor::Redis);
+    let mut s = Server::start(Flavor::Redis.or_selected());
     let (a, b) = (pod(&s, 50).build().unwrap(), pod(&s, 500).build().unwrap());
     let p = hourly();
     assert!(a.ready(Duration::from_secs(5)).await);
@@ -309,7 +309,7 @@ async fn a_reservation_admitted_locally_is_settled_locally_after_the_store_is_ba
 /// so its settlement is dropped and reported as fail-open (not fail-closed: nothing refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_local_fallback_an_outage_settlement_is_dropped_as_fail_open() {
-    let mut s = Server::start(Flavor::Redis);
+    let mut s = Server::start(Flavor::Redis.or_selected());
     let l = pod(&s, 50).without_local_fallback().build().unwrap();
     let p = llm();
     assert!(l.ready(Duration::from_secs(5)).await);

@@ -122,7 +122,7 @@ async fn busy_a_runaway_script() {
     if !own_servers_only() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let s = Server::start_with(flavor, true, &["--busy-reply-threshold", "10"]);
         let l = limiter(&s);
         warm_up(&l).await;
@@ -150,7 +150,7 @@ async fn misconf_writes_stopped_after_a_failed_save() {
     if !own_servers_only() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         // `dir` is a protected config since 7.0; the default `stop-writes-on-bgsave-error yes`.
         let s = Server::start_with(flavor, true, &["--enable-protected-configs", "yes"]);
         let l = limiter(&s);
@@ -188,7 +188,7 @@ async fn oom_maxmemory_reached() {
     if !own_servers_only() {
         return;
     }
-    for flavor in Flavor::ALL {
+    for flavor in Flavor::selected() {
         let s = Server::start(flavor);
         let l = limiter(&s);
         warm_up(&l).await;

@@ -7,7 +7,9 @@
 //! - `REDIS_SERVER_BIN`, `VALKEY_SERVER_BIN`: server binaries (default from `PATH`).
 //! - `RL_SERVER_BIN` (with `RL_SERVER_FLAVOR`, `redis` or `valkey`; by default `valkey` when the
 //!   binary's file name says so, else `redis`): run the tests on that one server only, instead
-//!   of one Redis and one Valkey (`.ci/run` loops over the extra servers this way).
+//!   of one Redis and one Valkey (`scripts/test-servers` loops over the extra servers this
+//!   way). Tests take their servers from [`Flavor::selected`] (each kind a test covers) or
+//!   [`Flavor::or_selected`] (one server of either kind), so none starts another.
 //! - `REDIS_URL`: an external server with the module loaded (e.g. the Docker image): the
 //!   behaviour tests then run against it alone; tests that need their own servers (AOF,
 //!   cluster) still start them. With `REDIS_REPLICA_URL` and `REDIS_PLAIN_REPLICA_URL` also
@@ -66,6 +68,13 @@ impl Flavor {
             Some((flavor, _)) => vec![flavor],
             None => Flavor::ALL.to_vec(),
         }
+    }
+
+    /// This flavor, or the one server's when `RL_SERVER_BIN` is set: for a test that needs
+    /// a server of either kind, so that `scripts/test-servers` runs it on the server under
+    /// test. Without the variable, tests name both kinds between them, as before.
+    pub fn or_selected(self) -> Flavor {
+        single_server().map_or(self, |(flavor, _)| flavor)
     }
 
     pub fn binary(self) -> String {
@@ -689,11 +698,11 @@ mod tests {
         if std::env::var_os("REDIS_URL").is_some() {
             return; // uses its own servers only; nothing external to check
         }
-        let other = Server::start_with(Flavor::Redis, false, &[]);
+        let other = Server::start_with(Flavor::Redis.or_selected(), false, &[]);
         let dir = std::env::temp_dir().join(format!("rl-testkit-retry-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ours = Server::start_on(
-            Flavor::Redis,
+            Flavor::Redis.or_selected(),
             false,
             &[],
             dir,
@@ -719,7 +728,7 @@ mod tests {
     #[ignore = "a helper, run by servers_die_with_the_test_process"]
     fn helper_holds_a_server_until_killed() {
         let path = std::env::var(HOLD_VAR).expect("run by servers_die_with_the_test_process");
-        let server = Server::start_with(Flavor::Redis, false, &[]);
+        let server = Server::start_with(Flavor::Redis.or_selected(), false, &[]);
         std::fs::write(&path, server.pid().to_string()).unwrap();
         std::thread::sleep(Duration::from_secs(60));
     }

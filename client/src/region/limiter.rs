@@ -609,7 +609,7 @@ mod tests {
     /// should, while the peers grew into the rest).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_settlement_charges_at_the_share_in_force() {
-        let server = Server::start(Flavor::Redis);
+        let server = Server::start(Flavor::Redis.or_selected());
         // 10 a second, burst 1000; one region, so it soon holds the whole limit.
         let p = Policy::builder("api")
             .per_hour(36_000)

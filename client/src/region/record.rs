@@ -468,7 +468,7 @@ mod tests {
     /// stalled, cannot overwrite its successor's.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_pod_holding_the_lease_publishes() {
-        let server = Server::start(Flavor::Redis);
+        let server = Server::start(Flavor::Redis.or_selected());
         let target = RegionTarget::Server(server.url());
         let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
         let figures = |claim, removed: Vec<Subject>| Publication {
@@ -574,7 +574,7 @@ mod tests {
     /// the demand hash; another policy's stay.
     #[tokio::test]
     async fn a_forgotten_policy_leaves_the_record_and_the_demand_hash() {
-        let server = Server::start(Flavor::Redis);
+        let server = Server::start(Flavor::Redis.or_selected());
         let target = RegionTarget::Server(server.url());
         let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
         let figures = |policy| Publication {
@@ -636,7 +636,7 @@ mod tests {
     /// The pods' subjects and limits reach the leader once, and then the hash is empty.
     #[tokio::test]
     async fn the_pods_limits_reach_the_leader_with_their_subjects() {
-        let server = Server::start(Flavor::Redis);
+        let server = Server::start(Flavor::Redis.or_selected());
         let target = RegionTarget::Server(server.url());
         let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
         let lease = Duration::from_secs(10);
