@@ -16,9 +16,9 @@
 //! <prefix>:{region.<r>}:hot      hash, <policy>:<subject> -> offered cost of the pods' busiest
 //!                                subjects since the leader last took them (HINCRBY, then
 //!                                read and deleted at once by the leader); <policy>:rate ->
-//!                                the policy's limit per second × 1000, as the pods that
-//!                                report subjects for it know it (HSET; a leader that has not
-//!                                met the policy learns its limit here)
+//!                                the policy's limit per second × 1000, rounded, at least 1,
+//!                                as the pods that report subjects for it know it (HSET; a
+//!                                leader that has not met the policy learns its limit here)
 //! <prefix>:{region.<r>}:leader   string, the leader pod's id, with a TTL (the leader lease)
 //! ```
 //!
@@ -120,6 +120,14 @@ impl EntryFigures {
 
 /// A policy's own fields in a record, each `<policy>:<figure>`.
 const FIGURES: [&str; 4] = ["claim", "share", "demand", "still"];
+
+/// A limit per second as the `hot` hash holds it: × 1000, rounded, and at least 1. A limit
+/// under 0.0005/s (under 1.8 an hour) would round to 0, and a leader judging subjects by a
+/// zero limit would mark nearly every subject of the policy hot; 1 (0.001/s) is within the
+/// rounding of such a limit, and errs towards marking fewer.
+fn milli_rate(rate: f64) -> u64 {
+    (rate * 1000.0).round().max(1.0) as u64
+}
 
 /// The record field of `policy`'s entry for `subject`.
 fn entry_field(policy: &str, subject: Subject) -> String {
@@ -344,7 +352,7 @@ impl RegionStore {
             pipe.cmd("HSET")
                 .arg(&self.hot_key)
                 .arg(format!("{policy}:rate"))
-                .arg((rate * 1000.0).round() as u64)
+                .arg(milli_rate(*rate))
                 .ignore();
         }
         pipe.cmd("EVAL")
@@ -641,7 +649,11 @@ mod tests {
         let store = RegionStore::open(&target, "rl", 0, Duration::from_secs(1)).unwrap();
         let lease = Duration::from_secs(10);
         let hot = [("api", 0xab, 7), ("api", 0xcd, 2), ("web:v2", 0xab, 1)];
-        let rates = [("api", 300.0), ("web:v2", 1.0 / 3.0)];
+        let rates = [
+            ("api", 300.0),
+            ("web:v2", 1.0 / 3.0),
+            ("rare", 1.0 / 3_600.0),
+        ];
         let round = store.own_round(&[], &hot, &rates, "a", lease, true);
         assert!(round.await.unwrap().leader);
         let round = store.own_round(&[], &[("api", 0xab, 1)], &[], "b", lease, false);
@@ -655,6 +667,8 @@ mod tests {
         assert!(taken.subjects.is_empty(), "{:?}", taken.subjects);
         assert_eq!(taken.rates.get("api"), Some(&300.0));
         assert_eq!(taken.rates.get("web:v2"), Some(&0.333));
+        // One an hour: read as the smallest limit the field holds, not as no limit.
+        assert_eq!(taken.rates.get("rare"), Some(&0.001));
         let again = store.take_hot().await.unwrap();
         assert!(again.subjects.is_empty() && again.rates.is_empty());
     }
