@@ -33,10 +33,15 @@ struct Regions {
     pods: Vec<Vec<RegionalLimiter>>,
 }
 
-fn start() -> Regions {
-    let servers: Vec<Server> = (0..3)
+/// One server per region, for three regions.
+fn three_servers() -> Vec<Server> {
+    (0..3)
         .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+        .collect()
+}
+
+fn start() -> Regions {
+    let servers = three_servers();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = policy();
     let pods = (0..3)
@@ -627,9 +632,7 @@ async fn a_silent_peer_cluster_is_connected_by_one_task_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_keeps_the_share_while_a_peer_is_unreadable() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     let p = policy();
     let pod = |r: usize| {
@@ -767,9 +770,7 @@ fn region0_fields(server: &Server) -> (Vec<String>, Vec<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let region0 = pods[0].clone();
@@ -863,9 +864,7 @@ async fn an_idle_run_time_policy_is_forgotten_everywhere_and_met_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_reservation_keeps_its_policy() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let pods = forgetting_pods(&servers, Duration::from_millis(400), TWO_SECONDS);
     let t = tenant();
     let pod = &pods[1][0];
@@ -894,9 +893,7 @@ async fn a_held_reservation_keeps_its_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_leader_never_met_is_cleaned() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let mut c = servers[0].conn();
     let entry = "held:s:00000000000000ab";
     let _: () = redis::cmd("HSET")
@@ -997,9 +994,7 @@ async fn what_the_leader_never_met_is_cleaned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_in_use_is_led_from_its_counter_until_idle() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let mut c = servers[0].conn();
     let entry = "busy:s:00000000000000ab";
     let _: () = redis::cmd("HSET")
@@ -1155,9 +1150,7 @@ async fn follower_step(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     // A 1.6 s period: a lease of 1.6 s, which a loaded host does not let lapse.
     let pods = forgetting_pods(&servers, Duration::from_millis(1_600), TWO_SECONDS);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1228,9 +1221,7 @@ async fn a_policy_only_a_follower_checks_grows_with_its_demand() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_goes_on_with_the_idle_clock() {
     let _serial = SERIAL.lock().await;
-    let servers: Vec<Server> = (0..3)
-        .map(|_| Server::start(Flavor::Redis.or_selected()))
-        .collect();
+    let servers = three_servers();
     let idle = Duration::from_secs(6);
     let mut pods = forgetting_pods(&servers, Duration::from_millis(400), idle);
     let mut c = servers[0].conn();
